@@ -1,0 +1,414 @@
+"""The coordinator's scheduler: drives requests through the stages and keeps them busy.
+
+One thread owns all scheduling state and is fed by one inbox (submissions and
+cancellations from HTTP threads, frames and link events from the stage links). Prefill is
+sent in `prefill_step_size` chunks exactly as `mlx_lm.generate_step` does; decode steps of
+ready requests are grouped into micro-batches, with up to one group in flight per stage so
+that every stage works on a different group at the same time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from ..logs import EventLogger
+from .config import ClusterConfig
+from .links import StageLink, now
+from .metrics import Metrics
+from .sampling import decode_result
+from .tensors import tokens_frame
+from .wire import Flag, Frame, FrameError, Kind, json_frame
+
+PING_INTERVAL = 0.5
+PING_TIMEOUT = 3.0  # a stage silent this long is lost (its reader answers pings even mid-prefill)
+TICK = 0.1
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """What a request asks of the sampler and the loop."""
+
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A generated token, its log-prob, and the top alternatives if asked for."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The generation ended normally: "stop" (EOS) or "length"."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The generation ended with an error (HTTP status suggested for the API)."""
+
+    message: str
+    status: int = 503
+
+
+class NotReady(RuntimeError):
+    """The pipeline cannot take requests now."""
+
+
+class Generation:
+    """A handle on one submitted request: read `events`, call `cancel()` to abandon it."""
+
+    def __init__(self, prompt: list[int], params: GenerationParams, inbox: queue.Queue) -> None:
+        self.prompt = prompt
+        self.params = params
+        self.events: queue.Queue = queue.Queue()
+        self.submitted = now()
+        self._inbox = inbox
+
+    def cancel(self) -> None:
+        """Stop generating (client gone or a stop string matched); idempotent."""
+        self._inbox.put(("cancel", self))
+
+
+@dataclass
+class _Active:
+    gen: Generation
+    rid: int
+    position: int = 0
+    generated: int = 0
+    next_token: int = 0
+    cancelled: bool = False
+    internal: bool = False
+
+
+@dataclass(frozen=True)
+class StageHealth:
+    """How the coordinator sees one stage."""
+
+    node_id: str
+    address: str
+    connected: bool
+    last_seen_s: float | None
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Health:
+    """An immutable snapshot of the pipeline, replaced by the scheduler on every change."""
+
+    state: str  # starting | warming | ready | unhealthy | stopped
+    reason: str
+    stages: tuple[StageHealth, ...]
+    in_flight: int
+
+    @property
+    def ready(self) -> bool:
+        """Whether requests are accepted."""
+        return self.state == "ready"
+
+
+class Pipeline:
+    """Coordinator-side engine over the configured stages."""
+
+    def __init__(self, config: ClusterConfig, secret: bytes, eos_ids: set[int], context_length: int,
+                 log: EventLogger, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.eos_ids = set(eos_ids)
+        self.context_length = context_length
+        self.log = log
+        self.metrics = metrics or Metrics([s.id for s in config.stages])
+        self.prefill_step = config.cluster.prefill_step_size
+        self.max_batch = config.cluster.max_batch
+        self.max_requests = config.cluster.max_requests
+        self._inbox: queue.Queue = queue.Queue()
+        self.links = [
+            StageLink(i, s.id, s.host_port, secret, config.cluster.max_frame_bytes, self._inbox, log)
+            for i, s in enumerate(config.stages)
+        ]
+        # scheduler-thread state
+        self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 32)
+        self._active: dict[int, _Active] = {}
+        self._ready: list[int] = []
+        self._group_of: dict[int, int] = {}
+        self._group_left: dict[int, int] = {}
+        self._group_ids = itertools.count(1)
+        self._last_seen: dict[int, float] = {}
+        self._last_ping = 0.0
+        self._stats: dict[int, dict] = {}
+        self._state, self._reason = "starting", "connecting to stages"
+        self._stop = threading.Event()
+        self.health = self._snapshot()
+
+    # --- public, any thread -------------------------------------------------------------
+    def start(self) -> None:
+        """Start the links and the scheduler thread."""
+        for link in self.links:
+            link.start()
+        threading.Thread(target=self._run, name="scheduler", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop everything; in-flight requests fail."""
+        self._inbox.put(("stop",))
+
+    def submit(self, prompt: list[int], params: GenerationParams) -> Generation:
+        """Queue a request; raises NotReady if the pipeline is not healthy."""
+        if not self.health.ready:
+            raise NotReady(f"pipeline is {self.health.state}: {self.health.reason}")
+        gen = Generation(prompt, params, self._inbox)
+        self._inbox.put(("submit", gen, False))
+        return gen
+
+    # --- scheduler thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get(timeout=TICK)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                if item[0] == "stop":
+                    self._shutdown()
+                    return
+                self._dispatch_event(item)
+            self._tick()
+
+    def _dispatch_event(self, item: tuple) -> None:
+        what = item[0]
+        if what == "frames":
+            self._on_frames(item[1], item[2])
+        elif what == "submit":
+            self._admit(item[1], internal=item[2])
+        elif what == "cancel":
+            self._cancel(item[1])
+        elif what == "link_up":
+            self._on_link_up(item[1], item[2])
+        elif what == "link_down":
+            if self.links[item[1]].conn is item[2]:
+                self._lose(item[1], item[3])
+
+    def _tick(self) -> None:
+        t = now()
+        if t - self._last_ping >= PING_INTERVAL:
+            self._last_ping = t
+            for link in self.links:
+                if link.conn is not None:
+                    self._send(link.index, [Frame(Kind.PING)])
+        for link in self.links:
+            seen = self._last_seen.get(link.index)
+            if link.conn is not None and seen is not None and t - seen > PING_TIMEOUT:
+                self._lose(link.index, f"no answer for {PING_TIMEOUT:.1f} s")
+        self.health = self._snapshot()
+
+    def _on_link_up(self, index: int, conn) -> None:
+        link = self.links[index]
+        if link.conn is not None:
+            link.conn.close()
+        link.conn = conn
+        self._last_seen[index] = now()
+        self.log.info("link.up", stage=link.node_id)
+        if all(l.conn is not None for l in self.links):
+            for l in self.links:  # stale per-request state from an earlier session must go
+                self._send(l.index, [Frame(Kind.RESET)])
+            self._set_state("warming", "probing the pipeline with a one-token generation")
+            probe = Generation([0], GenerationParams(max_tokens=1), self._inbox)
+            self._admit(probe, internal=True)
+
+    def _lose(self, index: int, reason: str) -> None:
+        link = self.links[index]
+        if link.conn is not None:
+            link.conn.close()
+            link.conn = None
+        self._stats.pop(index, None)
+        message = f"pipeline stage {link.label} lost: {reason}"
+        self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self._active))
+        self._fail_all(message)
+        self._set_state("unhealthy" if self._state in ("ready", "warming", "unhealthy") else "starting", message)
+
+    def _fail_all(self, message: str) -> None:
+        for a in self._active.values():
+            a.gen.events.put(Failed(message))
+        self._active.clear()
+        self._ready.clear()
+        self._group_of.clear()
+        self._group_left.clear()
+        self.metrics.set_in_flight(0)
+
+    def _set_state(self, state: str, reason: str) -> None:
+        if (state, reason) != (self._state, self._reason):
+            self.log.info("pipeline.state", state=state, reason=reason)
+        self._state, self._reason = state, reason
+        self.health = self._snapshot()
+
+    def _snapshot(self) -> Health:
+        t = now()
+        return Health(self._state, self._reason, tuple(
+            StageHealth(l.node_id, f"{l.address[0]}:{l.address[1]}", l.conn is not None,
+                        round(t - self._last_seen[l.index], 3) if l.index in self._last_seen and l.conn else None,
+                        dict(self._stats.get(l.index, {})))
+            for l in self.links), len(self._active))
+
+    def _shutdown(self) -> None:
+        self._fail_all("coordinator shutting down")
+        for link in self.links:
+            link.stop()
+            if link.conn is not None:
+                link.conn.close()
+        self._set_state("stopped", "stopped")
+
+    # --- requests -------------------------------------------------------------------------
+    def _admit(self, gen: Generation, internal: bool) -> None:
+        if not internal and self._state != "ready":
+            gen.events.put(Failed(f"pipeline is {self._state}: {self._reason}"))
+            return
+        if not internal and len(self._active) >= self.max_requests:
+            gen.events.put(Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
+            return
+        rid = next(self._ids)
+        a = _Active(gen, rid, internal=internal)
+        gen.rid = rid
+        self._active[rid] = a
+        p = gen.params
+        opened = json_frame(Kind.OPEN, {"temperature": p.temperature, "top_p": p.top_p, "seed": p.seed,
+                                        "top_logprobs": p.top_logprobs}, request_id=rid)
+        prompt = gen.prompt
+        first = [opened]
+        # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
+        for start in range(0, len(prompt) - 1, self.prefill_step):
+            chunk = prompt[start:min(start + self.prefill_step, len(prompt) - 1)]
+            if not self._send(0, first + [tokens_frame(rid, start, chunk)]):
+                return
+            first = []
+        a.position = len(prompt) - 1
+        a.next_token = prompt[-1]
+        self._launch([a], first)
+        self.metrics.set_in_flight(self._public_count())
+
+    def _launch(self, members: list[_Active], prefix: list[Frame] | None = None) -> None:
+        gid = next(self._group_ids)
+        frames = list(prefix or [])
+        for a in members:
+            frames.append(tokens_frame(a.rid, a.position, [a.next_token], Flag.SAMPLE))
+            self._group_of[a.rid] = gid
+        self._group_left[gid] = len(members)
+        self._send(0, frames)
+
+    def _dispatch(self) -> None:
+        """Send ready requests as micro-batches, keeping at most one group per stage in flight."""
+        depth = len(self.links)
+        while self._ready and len(self._group_left) < depth:
+            decoding = len(self._ready) + sum(self._group_left.values())
+            size = min(self.max_batch, max(1, math.ceil(decoding / depth)))
+            batch, self._ready = self._ready[:size], self._ready[size:]
+            self._launch([self._active[r] for r in batch])
+
+    def _on_frames(self, index: int, frames: list[Frame]) -> None:
+        self._last_seen[index] = now()
+        for f in frames:
+            if f.kind is Kind.RESULT:
+                self._on_result(f)
+            elif f.kind is Kind.PONG:
+                try:
+                    self._stats[index] = f.json()
+                    self.metrics.observe_stage(self.links[index].node_id, self._stats[index])
+                except FrameError:
+                    pass
+            elif f.kind is Kind.ERROR:
+                self._on_error(index, f)
+        self._dispatch()
+
+    def _group_done(self, rid: int) -> None:
+        gid = self._group_of.pop(rid, None)
+        if gid is not None:
+            self._group_left[gid] -= 1
+            if self._group_left[gid] == 0:
+                del self._group_left[gid]
+
+    def _on_result(self, f: Frame) -> None:
+        self._group_done(f.request_id)
+        a = self._active.get(f.request_id)
+        if a is None:
+            return
+        try:
+            token, logprob, top = decode_result(f.payload)
+        except ValueError as exc:
+            self._finish(a, Failed(f"bad result from the last stage: {exc}", 502))
+            return
+        a.position = f.position
+        if a.cancelled:
+            self._finish(a, None)
+            return
+        a.generated += 1
+        if a.generated == 1 and not a.internal:
+            self.metrics.observe_ttft(now() - a.gen.submitted)
+        a.gen.events.put(TokenEvent(token, logprob, tuple(top)))
+        if not a.internal:
+            self.metrics.add_tokens(1)
+        if a.internal:
+            self._finish(a, Finished("length"))
+            self._set_state("ready", "all stages answered a one-token generation")
+        elif token in self.eos_ids:
+            self._finish(a, Finished("stop"))
+        elif a.generated >= a.gen.params.max_tokens or a.position >= self.context_length:
+            self._finish(a, Finished("length"))
+        else:
+            a.next_token = token
+            self._ready.append(a.rid)
+
+    def _on_error(self, index: int, f: Frame) -> None:
+        try:
+            message = str(f.json().get("message", "stage error"))
+        except (FrameError, AttributeError):
+            message = "stage error"
+        a = self._active.get(f.request_id)
+        self.log.warning("request.stage_error", stage=self.links[index].node_id, request=f.request_id, reason=message)
+        if a is not None:
+            self._group_done(a.rid)
+            self._finish(a, Failed(f"{self.links[index].node_id}: {message}", 500))
+
+    def _cancel(self, gen: Generation) -> None:
+        rid = getattr(gen, "rid", None)
+        a = self._active.get(rid) if rid is not None else None
+        if a is None:
+            return
+        if rid in self._ready:
+            self._ready.remove(rid)
+            self._finish(a, None)
+        else:
+            a.cancelled = True  # finished when its in-flight step returns
+
+    def _finish(self, a: _Active, event: Finished | Failed | None) -> None:
+        self._active.pop(a.rid, None)
+        if event is not None:
+            a.gen.events.put(event)
+        if a.internal and isinstance(event, Failed):
+            self._set_state("unhealthy", f"probe generation failed: {event.message}")
+        self._send(0, [Frame(Kind.CLOSE, a.rid)])
+        self.metrics.set_in_flight(self._public_count())
+
+    def _public_count(self) -> int:
+        return sum(1 for a in self._active.values() if not a.internal)
+
+    def _send(self, index: int, frames: list[Frame]) -> bool:
+        link = self.links[index]
+        if link.conn is None:
+            self._lose(index, "not connected")
+            return False
+        try:
+            link.conn.send_group(frames)
+            return True
+        except OSError as exc:
+            self._lose(index, f"send failed: {exc}")
+            return False

@@ -1,0 +1,335 @@
+"""A pipeline stage: owns a layer range, receives frames over TCP, computes, passes on.
+
+Threads: one accept thread, one reader per connection (which also answers PINGs, so a
+stage busy with a long prefill still proves it is alive), and the MLX thread — the
+caller of `Stage.run()` — which alone owns the model, the KV caches and the outbound
+connections. Readers feed it through one inbox queue.
+"""
+
+from __future__ import annotations
+
+import queue
+import resource
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ..logs import EventLogger
+from . import transport
+from .config import ClusterConfig, NodeSpec
+from .sampling import Sampler
+from .shard import StageModel
+from .tensors import from_frame, to_frame
+from .wire import Flag, Frame, FrameError, HandshakeError, Kind, json_frame
+
+DOWNSTREAM_CONNECT_TIMEOUT = 5.0
+
+
+@dataclass
+class RequestState:
+    """One request's state on this stage."""
+
+    cache: list[Any]
+    sampler: Sampler | None = None
+    position: int = 0
+
+
+@dataclass
+class StageStats:
+    """Published by the MLX thread, read by reader threads (replaced, never mutated)."""
+
+    stage: int
+    layers: tuple[int, int]
+    requests: int = 0
+    steps: int = 0
+    step_ms: float = 0.0
+    batch: int = 0
+    rss_bytes: int = 0
+    weight_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        """The PONG payload."""
+        return {
+            "stage": self.stage, "layers": [self.layers[0], self.layers[1] - 1], "requests": self.requests,
+            "steps": self.steps, "step_ms": round(self.step_ms, 3), "batch": self.batch,
+            "rss_bytes": self.rss_bytes, "weight_bytes": self.weight_bytes, **self.extra,
+        }
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Stage:
+    """The stage process's state and loops."""
+
+    def __init__(self, config: ClusterConfig, node: NodeSpec, model: StageModel, secret: bytes,
+                 listener: socket.socket, log: EventLogger, blas: str = "reference") -> None:
+        self.config = config
+        self.node = node
+        self.model = model
+        self.secret = secret
+        self.listener = listener
+        self.log = log
+        self.index = node.stage or 0
+        stages = config.stages
+        self.next_node = stages[self.index + 1] if self.index + 1 < len(stages) else None
+        self.max_frame = config.cluster.max_frame_bytes
+        self.inbox: queue.Queue = queue.Queue()
+        # MLX-thread state
+        self.requests: dict[int, RequestState] = {}
+        self.coordinator: transport.Connection | None = None
+        self.downstream: transport.Connection | None = None
+        self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
+                                weight_bytes=model.weight_bytes, extra={"blas": blas, "node": node.id})
+        self._stop = threading.Event()
+
+    # --- network threads ---------------------------------------------------------------
+    def serve(self) -> None:
+        """Accept connections in a background thread."""
+        threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, addr = self.listener.accept()
+            except OSError:
+                return
+            peer = f"{addr[0]}:{addr[1]}"
+            threading.Thread(target=self._reader, args=(sock, peer), name=f"conn-{peer}", daemon=True).start()
+
+    def _reader(self, sock: socket.socket, peer: str) -> None:
+        try:
+            conn = transport.accept(sock, peer, self.secret, self.max_frame)
+        except (HandshakeError, OSError) as exc:
+            self.log.warning("transport.refused", peer=peer, reason=exc)
+            return
+        self.log.info("transport.accepted", peer=peer, role=conn.role)
+        if conn.role == "coordinator":
+            self.inbox.put(("coordinator", conn))
+        try:
+            while True:
+                group = conn.recv_group()
+                if group[0].kind is Kind.PING:
+                    conn.send(json_frame(Kind.PONG, self.stats.as_json()))
+                    continue
+                self.inbox.put(("group", conn, group))
+        except FrameError as exc:
+            self.log.warning("transport.malformed_frame", peer=peer, role=conn.role, reason=exc)
+        except (ConnectionError, OSError) as exc:
+            self.log.info("transport.closed", peer=peer, role=conn.role, reason=exc)
+        finally:
+            conn.close()
+            self.inbox.put(("closed", conn))
+
+    # --- the MLX thread ----------------------------------------------------------------
+    def run(self) -> None:
+        """Process the inbox until stopped; call from the thread that owns MLX."""
+        while not self._stop.is_set():
+            try:
+                item = self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            what = item[0]
+            if what == "coordinator":
+                self._adopt_coordinator(item[1])
+            elif what == "closed":
+                if item[1] is self.coordinator:
+                    self.coordinator = None
+                    self._drop_all("coordinator disconnected")
+            elif what == "group":
+                self._handle_group(item[2])
+
+    def stop(self) -> None:
+        """Ask the loops to end and close the listener."""
+        self._stop.set()
+        try:
+            self.listener.close()
+        except OSError:
+            pass
+
+    def _adopt_coordinator(self, conn: transport.Connection) -> None:
+        if self.coordinator is not None and self.coordinator is not conn:
+            self.coordinator.close()
+        self.coordinator = conn
+        self._drop_all("new coordinator session")
+
+    def _drop_all(self, reason: str) -> None:
+        if self.requests:
+            self.log.info("requests.dropped", count=len(self.requests), reason=reason)
+        self.requests.clear()
+        self._publish()
+
+    def _handle_group(self, group: list[Frame]) -> None:
+        out: list[Frame] = []
+        run: list[Frame] = []
+        for frame in group:
+            if frame.kind is Kind.FORWARD:
+                run.append(frame)
+                continue
+            if run:
+                out += self._forward(run)
+                run = []
+            out += self._control(frame)
+        if run:
+            out += self._forward(run)
+        if out:
+            self._send_down(out)
+
+    def _control(self, frame: Frame) -> list[Frame]:
+        """OPEN / CLOSE / RESET: update state; returns what to pass downstream."""
+        if frame.kind is Kind.RESET:
+            self._drop_all("reset by coordinator")
+            return [frame] if self.next_node else []
+        if frame.kind is Kind.OPEN:
+            try:
+                sampler = Sampler.from_params(frame.json()) if self.model.last else None
+            except (ValueError, FrameError) as exc:
+                self._error(frame.request_id, f"bad sampling parameters: {exc}")
+                return []
+            self.requests[frame.request_id] = RequestState(self.model.make_cache(), sampler)
+        elif frame.kind is Kind.CLOSE:
+            self.requests.pop(frame.request_id, None)
+        else:
+            self.log.warning("frame.unexpected", kind=frame.kind.name)
+            return []
+        self._publish()
+        return [frame] if self.next_node else []
+
+    def _forward(self, frames: list[Frame]) -> list[Frame]:
+        """Run the layers for FORWARD frames; returns hidden frames (or sends RESULTs if last)."""
+        work: list[tuple[Frame, RequestState, mx.array]] = []
+        for f in frames:
+            state = self.requests.get(f.request_id)
+            if state is None:
+                self._error(f.request_id, f"stage {self.index}: unknown request")
+            elif f.position != state.position:
+                self._error(f.request_id, f"stage {self.index}: KV position {f.position} != expected {state.position}")
+                self.requests.pop(f.request_id, None)
+            else:
+                try:
+                    work.append((f, state, from_frame(f, first=self.model.first, hidden=self.model.info.hidden_size,
+                                                         vocab=self.model.info.vocab_size, dtype=self.model.dtype)))
+                except ValueError as exc:
+                    self._error(f.request_id, f"stage {self.index}: {exc}")
+        if not work:
+            return []
+        t0 = time.perf_counter()
+        try:
+            outputs = self._compute(work)
+        except Exception as exc:  # a failed step fails its requests, not the stage
+            self.log.error("step.failed", exc_info=True, requests=len(work))
+            for f, _, _ in work:
+                self._error(f.request_id, f"stage {self.index}: {exc}")
+                self.requests.pop(f.request_id, None)
+            return []
+        self._record_step(time.perf_counter() - t0, len(work))
+        return outputs
+
+    def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
+        model = self.model
+        singles = all(x.shape[1] == 1 for _, _, x in work)
+        if len(work) > 1 and singles and model.batchable:
+            hs = model.run_layers_batch([x for _, _, x in work], [s.cache for _, s, _ in work])
+        else:
+            hs = [model.run_layers(x, s.cache) for _, s, x in work]
+        for (f, s, x), h in zip(work, hs):
+            s.position += x.shape[1]
+        if not model.last:
+            mx.eval(hs)
+            return [to_frame(f.request_id, f.position, h, f.flags & Flag.SAMPLE) for (f, _, _), h in zip(work, hs)]
+        results = []
+        for (f, s, x), h in zip(work, hs):
+            if f.flags & Flag.SAMPLE:
+                logprobs = model.logprobs(h)
+                token = s.sampler.sample(logprobs)
+                mx.eval(token, logprobs)
+                tok = int(token.item())
+                results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(tok, logprobs)))
+            else:
+                mx.eval([c.state for c in s.cache])
+        if results:
+            self._send_coordinator(results)
+        return []
+
+    def _record_step(self, seconds: float, batch: int) -> None:
+        ms = seconds * 1000
+        ema = ms if self.stats.steps == 0 else 0.9 * self.stats.step_ms + 0.1 * ms
+        self.stats = StageStats(self.index, self.model.layer_range, len(self.requests), self.stats.steps + 1,
+                                ema, batch, rss_bytes(), self.stats.weight_bytes, self.stats.extra)
+
+    def _publish(self) -> None:
+        s = self.stats
+        self.stats = StageStats(s.stage, s.layers, len(self.requests), s.steps, s.step_ms, s.batch,
+                                rss_bytes(), s.weight_bytes, s.extra)
+
+    # --- outbound ----------------------------------------------------------------------
+    def _send_down(self, frames: list[Frame]) -> None:
+        conn = self._downstream()
+        if conn is not None:
+            try:
+                conn.send_group(frames)
+                return
+            except OSError as exc:
+                self.log.warning("downstream.lost", peer=conn.peer, reason=exc)
+                conn.close()
+                self.downstream = None
+        for f in frames:
+            if f.kind in (Kind.FORWARD, Kind.OPEN):
+                self._error(f.request_id, f"stage {self.index}: next stage {self.next_node.id} unreachable")
+                self.requests.pop(f.request_id, None)
+
+    def _downstream(self) -> transport.Connection | None:
+        if self.downstream is not None:
+            return self.downstream
+        assert self.next_node is not None
+        deadline = time.monotonic() + DOWNSTREAM_CONNECT_TIMEOUT
+        delay = 0.05
+        while True:
+            try:
+                self.downstream = transport.connect(self.next_node.host_port, self.secret,
+                                                    f"stage-{self.index}", self.max_frame)
+                self.log.info("downstream.connected", peer=self.next_node.address)
+                threading.Thread(target=_drain, args=(self.downstream,), daemon=True).start()
+                return self.downstream
+            except (OSError, HandshakeError) as exc:
+                if time.monotonic() + delay > deadline:
+                    self.log.warning("downstream.unreachable", peer=self.next_node.address, reason=exc)
+                    return None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def _send_coordinator(self, frames: list[Frame]) -> None:
+        if self.coordinator is None:
+            self.log.warning("coordinator.absent", dropped=len(frames))
+            return
+        try:
+            self.coordinator.send_group(frames)
+        except OSError as exc:
+            self.log.warning("coordinator.lost", reason=exc)
+
+    def _error(self, request_id: int, message: str) -> None:
+        self.log.warning("request.failed", request=request_id, reason=message)
+        self._send_coordinator([json_frame(Kind.ERROR, {"message": message}, request_id=request_id)])
+
+
+def _drain(conn: transport.Connection) -> None:
+    """Read (and discard) whatever the next stage sends, so a closed peer is noticed."""
+    try:
+        while True:
+            conn.recv()
+    except (ConnectionError, OSError, FrameError):
+        conn.close()
+
+
+__all__ = ["Stage", "StageStats"]

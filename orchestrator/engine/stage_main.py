@@ -1,0 +1,68 @@
+"""`pipeserve stage`: run one pipeline stage from the cluster TOML."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from .. import logs
+from . import blas
+from .config import ConfigError, load_config, read_secret
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register `pipeserve stage` options."""
+    parser.add_argument("--config", required=True, type=Path, help="cluster TOML")
+    parser.add_argument("--node-id", required=True, help="this stage's [[nodes]] id, e.g. stage-1")
+    parser.add_argument("--model", required=True, type=Path, help="MLX model directory")
+    parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: OpenBLAS's own)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the stage's layers, bind its address, and serve until SIGTERM."""
+    log = logs.setup(args.node_id)
+    try:
+        config = load_config(args.config)
+        node = config.node(args.node_id)
+        if node.role != "pipeline_stage":
+            raise ConfigError(f"node {node.id!r} has role {node.role!r}, not pipeline_stage")
+        secret = read_secret(config, args.config)
+    except ConfigError as exc:
+        log.error("config.invalid", reason=exc)
+        return 2
+    which_blas = blas.preload(args.threads)  # before mlx is imported
+    from . import transport
+    from .shard import ShardError, StageModel
+    from .stage import Stage
+
+    host, port = node.host_port
+    start, end = node.layer_range
+    log.info("stage.starting", stage=node.stage, layers=node.layers, address=node.address, blas=which_blas, pid=os.getpid())
+    try:
+        listener = transport.bind(host, port)  # a taken port fails before the slow load
+    except OSError as exc:
+        log.error("transport.bind_failed", address=node.address, reason=exc)
+        return 3
+    try:
+        model = StageModel(args.model, start, end)
+        if model.info.num_layers != config.num_layers:
+            raise ShardError(f"the model has {model.info.num_layers} layers, the config covers {config.num_layers}")
+    except ShardError as exc:
+        log.error("model.invalid", reason=exc)
+        return 4
+    listener.listen(16)  # only now does the port accept: "listening" means ready
+    stage = Stage(config, node, model, secret, listener, log, which_blas)
+    signal.signal(signal.SIGTERM, lambda *_: stage.stop())
+    signal.signal(signal.SIGINT, lambda *_: stage.stop())
+    stage.serve()
+    log.info("transport.listening", address=node.address, weight_bytes=model.weight_bytes)
+    stage.run()
+    log.info("stage.stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.Namespace()))

@@ -1,0 +1,141 @@
+"""TCP connections between pipeline peers: handshake, framed send and receive.
+
+A Connection has one reader (the thread that owns it) and any number of senders, which a
+lock serialises so frames of a micro-batch are never interleaved with another sender's.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from . import wire
+from .wire import Flag, Frame, FrameError, HandshakeError
+
+HANDSHAKE_TIMEOUT = 5.0
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Read exactly n bytes or raise ConnectionError on end of stream."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"peer closed the connection ({got} of {n} bytes read)")
+        got += k
+    return bytes(buf)
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+class Connection:
+    """An authenticated peer connection carrying frames."""
+
+    def __init__(self, sock: socket.socket, peer: str, role: str, max_frame_bytes: int) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.role = role
+        self.max_frame_bytes = max_frame_bytes
+        self._send_lock = threading.Lock()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def send(self, *frames: Frame) -> None:
+        """Send frames atomically with respect to other senders."""
+        data = b"".join(wire.encode(f) for f in frames)
+        with self._send_lock:
+            self.sock.sendall(data)
+            self.bytes_sent += len(data)
+
+    def send_group(self, frames: list[Frame]) -> None:
+        """Send frames as one micro-batch: MORE on all but the last."""
+        n = len(frames)
+        self.send(*[
+            Frame(f.kind, f.request_id, f.position, f.dtype, f.shape,
+                  (f.flags | Flag.MORE) if i < n - 1 else (f.flags & ~Flag.MORE), f.payload)
+            for i, f in enumerate(frames)
+        ])
+
+    def recv(self) -> Frame:
+        """Read one frame; FrameError for malformed input, ConnectionError on close."""
+        frame, length = wire.decode_header(recv_exact(self.sock, wire.HEADER_SIZE), self.max_frame_bytes)
+        payload = recv_exact(self.sock, length) if length else b""
+        self.bytes_received += wire.HEADER_SIZE + length
+        return Frame(frame.kind, frame.request_id, frame.position, frame.dtype, frame.shape, frame.flags, payload)
+
+    def recv_group(self) -> list[Frame]:
+        """Read frames up to and including the first without the MORE flag."""
+        group = [self.recv()]
+        while group[-1].flags & Flag.MORE:
+            if len(group) >= wire.MAX_GROUP:
+                raise FrameError(f"micro-batch longer than {wire.MAX_GROUP} frames")
+            group.append(self.recv())
+        return group
+
+    def close(self) -> None:
+        """Close the socket; safe to call twice and from any thread."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def connect(address: tuple[str, int], secret: bytes, role: str, max_frame_bytes: int,
+            timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
+    """Open a connection to a stage and prove the cluster secret; raises OSError or HandshakeError."""
+    sock = socket.create_connection(address, timeout=timeout)
+    try:
+        _tune(sock)
+        server_nonce = wire.parse_server_hello(recv_exact(sock, 6 + wire.NONCE))
+        client_nonce = wire.new_nonce()
+        sock.sendall(wire.client_proof(secret, role, server_nonce, client_nonce))
+        wire.verify_server(secret, server_nonce, client_nonce, recv_exact(sock, 36))
+        sock.settimeout(None)
+    except BaseException:
+        sock.close()
+        raise
+    return Connection(sock, f"{address[0]}:{address[1]}", role, max_frame_bytes)
+
+
+def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
+           timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
+    """Run the server side of the handshake on an accepted socket; raises HandshakeError."""
+    try:
+        _tune(sock)
+        sock.settimeout(timeout)
+        nonce = wire.new_nonce()
+        sock.sendall(wire.server_hello(nonce))
+        head = recv_exact(sock, 7)
+        rest_len = wire.rest_length(head) if head[:4] == b"PSHC" else 0
+        role, client_nonce = wire.verify_client(secret, nonce, head, recv_exact(sock, rest_len) if rest_len else b"")
+        sock.sendall(wire.server_proof(secret, nonce, client_nonce))
+        sock.settimeout(None)
+    except (OSError, HandshakeError):
+        sock.close()
+        raise
+    except Exception as exc:  # anything unexpected from a hostile peer is a refusal, not a crash
+        sock.close()
+        raise HandshakeError(str(exc)) from None
+    return Connection(sock, peer, role, max_frame_bytes)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind exactly (host, port) without listening yet: connections are refused until `listen()`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+__all__ = ["Connection", "FrameError", "HandshakeError", "accept", "bind", "connect", "recv_exact"]
