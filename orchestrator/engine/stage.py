@@ -48,6 +48,7 @@ class StageStats:
     steps: int = 0
     step_ms: float = 0.0
     batch: int = 0
+    max_batch: int = 0
     rss_bytes: int = 0
     weight_bytes: int = 0
     extra: dict = field(default_factory=dict)
@@ -57,6 +58,7 @@ class StageStats:
         return {
             "stage": self.stage, "layers": [self.layers[0], self.layers[1] - 1], "requests": self.requests,
             "steps": self.steps, "step_ms": round(self.step_ms, 3), "batch": self.batch,
+            "max_batch": self.max_batch,
             "rss_bytes": self.rss_bytes, "weight_bytes": self.weight_bytes, **self.extra,
         }
 
@@ -266,11 +268,12 @@ class Stage:
         ms = seconds * 1000
         ema = ms if self.stats.steps == 0 else 0.9 * self.stats.step_ms + 0.1 * ms
         self.stats = StageStats(self.index, self.model.layer_range, len(self.requests), self.stats.steps + 1,
-                                ema, batch, rss_bytes(), self.stats.weight_bytes, self.stats.extra)
+                                ema, batch, max(batch, self.stats.max_batch), rss_bytes(), self.stats.weight_bytes,
+                                self.stats.extra)
 
     def _publish(self) -> None:
         s = self.stats
-        self.stats = StageStats(s.stage, s.layers, len(self.requests), s.steps, s.step_ms, s.batch,
+        self.stats = StageStats(s.stage, s.layers, len(self.requests), s.steps, s.step_ms, s.batch, s.max_batch,
                                 rss_bytes(), s.weight_bytes, s.extra)
 
     # --- outbound ----------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Run a whole pipeline on this machine: stage processes plus (optionally) a coordinator.
+
+Used by the demo, the benchmarks and the tests. It writes the cluster TOML, starts the
+stages in ascending order, waits for each port, starts the coordinator and waits until it
+is healthy; on any failure it stops what it started and raises with the child's output.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+
+class LaunchError(RuntimeError):
+    """A process of the local pipeline failed to start; the message includes its output."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def even_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Inclusive (first, last) layer ranges of near-equal length."""
+    base, extra = divmod(num_layers, stages)
+    out, start = [], 0
+    for k in range(stages):
+        n = base + (1 if k < extra else 0)
+        out.append((start, start + n - 1))
+        start += n
+    return out
+
+
+def write_config(path: Path, name: str, splits: list[tuple[int, int]], ports: list[int],
+                 host: str = "127.0.0.1", **cluster: object) -> Path:
+    """Write a cluster TOML (DESIGN §4) for stages on `ports[1:]`, coordinator on `ports[0]`."""
+    extra = "".join(f"{k} = {v!r}\n" if not isinstance(v, bool) else f"{k} = {str(v).lower()}\n"
+                    for k, v in cluster.items())
+    text = (f'[cluster]\nname = "{name}"\npipeline_parallel_size = {len(splits)}\ntensor_parallel_size = 1\n'
+            f'transport_backend = "tcp"\n{extra}\n'
+            f'[[nodes]]\nid = "coordinator"\naddress = "{host}:{ports[0]}"\nrole = "hybrid"\n')
+    for k, (first, last) in enumerate(splits):
+        text += (f'\n[[nodes]]\nid = "stage-{k}"\naddress = "{host}:{ports[k + 1]}"\nrole = "pipeline_stage"\n'
+                 f'stage = {k}\nlayers = "{first}-{last}"\n')
+    path.write_text(text)
+    return path
+
+
+@dataclass
+class LocalPipeline:
+    """A running local pipeline; use as a context manager or call `stop()`."""
+
+    workdir: Path
+    model_dir: Path
+    splits: list[tuple[int, int]]
+    coordinator: bool = True
+    threads: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    cluster: dict[str, object] = field(default_factory=dict)
+    startup_timeout: float = 120.0
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.secret = secrets.token_hex(16)
+        self.ports = [free_port() for _ in range(len(self.splits) + 1)]
+        self.http_port = free_port()
+        self.config_path = write_config(self.workdir / "cluster.toml", "local", self.splits, self.ports, **self.cluster)
+
+    @property
+    def base_url(self) -> str:
+        """The coordinator's HTTP root."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def child_env(self) -> dict[str, str]:
+        """Environment of the children: the secret travels here, never on the command line."""
+        return {**os.environ, **self.env, "PIPESERVE_CLUSTER_SECRET": self.secret, "PYTHONUNBUFFERED": "1"}
+
+    def start(self) -> "LocalPipeline":
+        """Start stages in order, then the coordinator; raises LaunchError with output on failure."""
+        try:
+            for k in range(len(self.splits)):
+                self._spawn(f"stage-{k}", ["stage", "--config", str(self.config_path), "--node-id", f"stage-{k}",
+                                           "--model", str(self.model_dir)]
+                            + (["--threads", str(self.threads)] if self.threads else []))
+                self._wait_port(f"stage-{k}", self.ports[k + 1])
+            if self.coordinator:
+                self._spawn("coordinator", ["coordinator", "--config", str(self.config_path), "--node-id",
+                                            "coordinator", "--model", str(self.model_dir), "--port", str(self.http_port)])
+                self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "wb")
+        self.procs[name] = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdout=log,
+                                            stderr=subprocess.STDOUT, env=self.child_env(), start_new_session=True)
+
+    def output(self, name: str, tail: int = 40) -> str:
+        """The last lines a child printed."""
+        path = self.workdir / f"{name}.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        return "\n".join(lines[-tail:])
+
+    def _check_alive(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.poll() is not None:
+            raise LaunchError(f"{name} exited with {proc.returncode}:\n{self.output(name)}")
+
+    def _wait_port(self, name: str, port: int) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            self._check_alive(name)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise LaunchError(f"{name} did not listen on {port} within {self.startup_timeout:.0f} s:\n{self.output(name)}")
+
+    def wait_ready(self, timeout: float | None = None) -> dict:
+        """Wait until GET /health says ready; returns the health document."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        body: dict = {}
+        while time.monotonic() < deadline:
+            self._check_alive("coordinator")
+            try:
+                r = requests.get(self.base_url + "/health", timeout=2)
+                body = r.json()
+                if r.status_code == 200 and body.get("ready"):
+                    return body
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise LaunchError(f"coordinator not healthy: {body}\n{self.output('coordinator')}")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send a signal to one child (tests use it to simulate a dead stage)."""
+        self.procs[name].send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every child in reverse start order: SIGTERM, then SIGKILL."""
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+    def __enter__(self) -> "LocalPipeline":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,44 @@
+"""Engine fixtures: cached random models and local pipelines that always get stopped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from orchestrator.engine.local import LocalPipeline
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`model_factory(layers=6, tied=False, ...)` builds a test model once per option set."""
+    from orchestrator.models.testmodel import make_test_model
+
+    made: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("models")
+
+    def make(**options: object) -> Path:
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            name = "-".join(f"{k}{v}" for k, v in key) or "default"
+            made[key] = make_test_model(root / name, **options)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., LocalPipeline]]:
+    """`launch(model_dir, splits, coordinator=True, **cluster)` starts a local pipeline, stopped after the test."""
+    started: list[LocalPipeline] = []
+
+    def start(model_dir: Path, splits: list[tuple[int, int]], coordinator: bool = True, **cluster: object) -> LocalPipeline:
+        p = LocalPipeline(tmp_path / f"cluster{len(started)}", model_dir, splits, coordinator=coordinator,
+                          threads=1, cluster=cluster)
+        started.append(p)
+        return p.start()
+
+    yield start
+    for p in started:
+        p.stop()

@@ -1,0 +1,128 @@
+"""Test helpers for the engine: the mlx-lm reference, an in-test coordinator, and the comparison.
+
+The reference is `mlx_lm.generate.generate_step` in this process, on the same BLAS as the
+stage processes (see conftest). `assert_same` is the one comparison every exactness test
+uses; `test_exactness.py` proves it fails for deliberately broken splits.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from orchestrator import logs
+from orchestrator.engine.config import load_config
+from orchestrator.engine.local import LocalPipeline
+from orchestrator.engine.pipeline import Failed, Finished, GenerationParams, Pipeline, TokenEvent
+from orchestrator.engine.shard import StageModel
+
+TOP = 5
+
+
+@dataclass
+class Trace:
+    """Greedy generation: token ids, each token's log-prob and the top-5 (id, log-prob) pairs."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
+def _trace_from_vectors(pairs: list[tuple[int, mx.array]]) -> Trace:
+    tokens, lps, tops = [], [], []
+    for token, vec in pairs:
+        vec = vec.reshape(-1)
+        ids = mx.argsort(-vec)[:TOP].tolist()
+        tokens.append(token)
+        lps.append(vec[token].item())
+        tops.append([(i, vec[i].item()) for i in ids])
+    return Trace(tokens, lps, tops)
+
+
+def reference(model_dir: Path, prompt: list[int], max_tokens: int, prefill_step: int = 2048) -> Trace:
+    """Single-process mlx-lm greedy generation (the ground truth)."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(model_dir))
+    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=prefill_step)
+    return _trace_from_vectors([(tok, lp) for tok, lp in steps])
+
+
+def split_in_process(stages: list[StageModel], prompt: list[int], max_tokens: int, prefill_step: int = 2048) -> Trace:
+    """The pipeline's arithmetic without processes: used to show the comparison bites."""
+    caches = [s.make_cache() for s in stages]
+
+    def through(x: mx.array) -> mx.array:
+        for s, c in zip(stages, caches):
+            x = s.run_layers(x, c)
+        return x
+
+    for start in range(0, len(prompt) - 1, prefill_step):
+        h = through(mx.array(prompt[start:min(start + prefill_step, len(prompt) - 1)])[None])
+        mx.eval(h)
+    out, token = [], prompt[-1]
+    for _ in range(max_tokens):
+        lp = stages[-1].logprobs(through(mx.array([token])[None]))
+        token = int(mx.argmax(lp, axis=-1).item())
+        out.append((token, lp))
+    return _trace_from_vectors(out)
+
+
+def assert_same(expected: Trace, got: Trace) -> None:
+    """Tokens identical and float32 log-probs bit-identical, position by position."""
+    assert got.tokens == expected.tokens, f"tokens differ:\n ref {expected.tokens}\n got {got.tokens}"
+    for i, (a, b) in enumerate(zip(expected.logprobs, got.logprobs)):
+        assert np.float32(a).tobytes() == np.float32(b).tobytes(), f"log-prob of token {i} differs: {a!r} vs {b!r}"
+    assert got.top == expected.top, "top-5 log-probs differ"
+
+
+class InTestCoordinator:
+    """A Pipeline in the test process driving real stage processes (token ids, not text)."""
+
+    def __init__(self, cluster: LocalPipeline, eos: set[int] | None = None, context: int = 2048) -> None:
+        config = load_config(cluster.config_path)
+        self.pipeline = Pipeline(config, cluster.secret.encode(), eos or set(), context, logs.get("test-coordinator"))
+        self.pipeline.start()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until the probe generation went through every stage."""
+        ready = threading.Event()
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not self.pipeline.health.ready:
+            assert time.monotonic() < deadline, f"pipeline not ready: {self.pipeline.health}"
+            ready.wait(0.02)
+
+    def generate(self, prompt: list[int], max_tokens: int, **params: object):
+        """Submit and return the Generation handle."""
+        return self.pipeline.submit(prompt, GenerationParams(max_tokens=max_tokens, top_logprobs=TOP, **params))
+
+    @staticmethod
+    def collect(gen, timeout: float = 60.0) -> Trace:
+        """Read a generation to the end; raises on failure."""
+        tokens, lps, tops = [], [], []
+        while True:
+            ev = gen.events.get(timeout=timeout)
+            if isinstance(ev, TokenEvent):
+                tokens.append(ev.token)
+                lps.append(ev.logprob)
+                tops.append([tuple(p) for p in ev.top])
+            elif isinstance(ev, Finished):
+                return Trace(tokens, lps, tops)
+            else:
+                assert isinstance(ev, Failed)
+                raise RuntimeError(ev.message)
+
+    def run(self, prompt: list[int], max_tokens: int) -> Trace:
+        """Generate greedily and collect."""
+        return self.collect(self.generate(prompt, max_tokens))
+
+    def stop(self) -> None:
+        """Stop the in-test scheduler."""
+        self.pipeline.stop()
