@@ -1,0 +1,113 @@
+"""Losing a stage: in-flight requests fail fast and loudly, health names the stage, no hangs.
+
+Also: a stage holds only its own layers in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from .harness import InTestCoordinator
+
+
+def _stream_until_failure(url: str, body: dict, first_chunk: threading.Event, result: dict) -> None:
+    """Read an SSE stream; record when it ended and whether it carried an error event."""
+    with requests.post(url, json=body, stream=True, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith(b"data: "):
+                continue
+            first_chunk.set()
+            data = line[6:]
+            if data == b"[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                result["error"] = event["error"]["message"]
+    result["ended"] = time.monotonic()
+
+
+@pytest.fixture
+def slow_model(model_factory):
+    """Wide enough that a long generation takes several seconds."""
+    return model_factory(layers=4, hidden=256, heads=4, kv_heads=4, vocab=512)
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_losing_a_stage_fails_in_flight_requests_quickly(slow_model, launch, how):
+    cluster = launch(slow_model, [(0, 1), (2, 3)], context_length=16384)
+    url = cluster.base_url + "/v1/completions"
+    body = {"model": slow_model.name, "prompt": "hello", "max_tokens": 16000, "temperature": 0}
+    first, result, blocking = threading.Event(), {}, {}
+    streamer = threading.Thread(target=_stream_until_failure, args=(url, {**body, "stream": True}, first, result))
+    streamer.start()
+
+    def non_streaming() -> None:
+        r = requests.post(url, json=body, timeout=60)
+        blocking.update(status=r.status_code, body=r.json(), ended=time.monotonic())
+
+    other = threading.Thread(target=non_streaming)
+    other.start()
+    assert first.wait(30), cluster.output("coordinator")
+    time.sleep(0.3)
+    lost_at = time.monotonic()
+    cluster.kill("stage-1", signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    try:
+        streamer.join(10)
+        other.join(10)
+        assert "stage-1" in result.get("error", ""), result
+        assert blocking.get("status", 0) >= 500 and "stage-1" in blocking["body"]["error"]["message"]
+        limit = 2.0 if how == "killed" else 4.0  # a hung stage is declared lost after 3 s of silence
+        assert result["ended"] - lost_at < limit and blocking["ended"] - lost_at < limit
+        health = requests.get(cluster.base_url + "/health", timeout=5)
+        assert health.status_code == 503
+        stages = {s["id"]: s["state"] for s in health.json()["stages"]}
+        assert health.json()["status"] == "unhealthy" and "stage-1" in health.json()["reason"]
+        if how == "killed":
+            assert stages["stage-1"] == "down"
+        assert requests.get(cluster.base_url + "/v1/models", timeout=5).status_code == 503
+        r = requests.post(url, json={**body, "max_tokens": 3}, timeout=5)
+        assert r.status_code == 503
+    finally:
+        if how == "stopped":
+            cluster.kill("stage-1", signal.SIGCONT)
+
+
+def test_pipeline_recovers_when_the_stage_comes_back(model_factory, launch):
+    model = model_factory()
+    cluster = launch(model, [(0, 1), (2, 3)])
+    body = {"model": model.name, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
+    before = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    cluster.kill("stage-1")
+    cluster.procs["stage-1"].wait(10)
+    deadline = time.monotonic() + 10
+    while requests.get(cluster.base_url + "/health", timeout=5).json()["status"] != "unhealthy":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    cluster._spawn("stage-1", ["stage", "--config", str(cluster.config_path), "--node-id", "stage-1",
+                               "--model", str(model)])
+    cluster.wait_ready(60)
+    after = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+    assert after == before
+
+
+def test_a_stage_holds_only_its_own_layers(model_factory, launch):
+    model = model_factory(layers=8, hidden=512, heads=8, kv_heads=8, intermediate=1408)
+    model_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))
+    cluster = launch(model, [(0, 0), (1, 7)], coordinator=False)
+    coord = InTestCoordinator(cluster)
+    try:
+        coord.wait_ready()
+        time.sleep(0.6)  # a PONG after the probe carries fresh figures
+        small, big = (s.stats for s in coord.pipeline.health.stages)
+    finally:
+        coord.stop()
+    assert small["weight_bytes"] < 0.2 * model_bytes
+    assert big["weight_bytes"] > 0.8 * model_bytes
+    # One eighth of the layers: resident memory far below the stage that holds the rest.
+    assert small["rss_bytes"] + 0.5 * model_bytes < big["rss_bytes"], (small, big, model_bytes)
