@@ -42,6 +42,31 @@ def even_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
     return out
 
 
+def compute_split(config: dict, stages: int) -> list[tuple[int, int]]:
+    """Inclusive layer ranges balancing per-token compute, counting the head on the last stage.
+
+    The head (vocab x hidden) costs as much as several layers (SmolLM2: about eight), so an
+    even split by layer count leaves the last stage the slowest. The control plane's planner
+    balances by bytes and node memory; this is the same idea for one machine.
+    """
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    per_layer = 2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim + 3 * hidden * int(config["intermediate_size"])
+    head = int(config["vocab_size"]) * hidden / per_layer  # in layer units
+    n = int(config["num_hidden_layers"])
+    target = (n + head) / stages
+    bounds, start = [], 0
+    for k in range(stages - 1):
+        remaining = stages - k - 1
+        end = max(start + 1, min(round(start + target), n - remaining))
+        bounds.append((start, end - 1))
+        start = end
+    bounds.append((start, n - 1))
+    return bounds
+
+
 def write_config(path: Path, name: str, splits: list[tuple[int, int]], ports: list[int],
                  host: str = "127.0.0.1", **cluster: object) -> Path:
     """Write a cluster TOML (DESIGN §4) for stages on `ports[1:]`, coordinator on `ports[0]`."""
@@ -69,6 +94,7 @@ class LocalPipeline:
     env: dict[str, str] = field(default_factory=dict)
     cluster: dict[str, object] = field(default_factory=dict)
     startup_timeout: float = 120.0
+    model_name: str | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,7 +123,8 @@ class LocalPipeline:
                 self._wait_port(f"stage-{k}", self.ports[k + 1])
             if self.coordinator:
                 self._spawn("coordinator", ["coordinator", "--config", str(self.config_path), "--node-id",
-                                            "coordinator", "--model", str(self.model_dir), "--port", str(self.http_port)])
+                                            "coordinator", "--model", str(self.model_dir), "--port", str(self.http_port)]
+                            + (["--model-name", self.model_name] if self.model_name else []))
                 self.wait_ready()
         except BaseException:
             self.stop()
