@@ -147,6 +147,7 @@ class Pipeline:
         self._group_ids = itertools.count(1)
         self._last_seen: dict[int, float] = {}
         self._last_ping = 0.0
+        self._last_tick = 0.0
         self._stats: dict[int, dict] = {}
         self._state, self._reason = "starting", "connecting to stages"
         self._stop = threading.Event()
@@ -201,6 +202,9 @@ class Pipeline:
 
     def _tick(self) -> None:
         t = now()
+        if t - self._last_tick < TICK:
+            return
+        self._last_tick = t
         if t - self._last_ping >= PING_INTERVAL:
             self._last_ping = t
             for link in self.links:
@@ -220,8 +224,9 @@ class Pipeline:
         self._last_seen[index] = now()
         self.log.info("link.up", stage=link.node_id)
         if all(l.conn is not None for l in self.links):
-            for l in self.links:  # stale per-request state from an earlier session must go
-                self._send(l.index, [Frame(Kind.RESET)])
+            # Stale per-request state from before must go. RESET travels down the chain from
+            # stage 0, so every stage sees it before the probe's OPEN on the same path.
+            self._send(0, [Frame(Kind.RESET)])
             self._set_state("warming", "probing the pipeline with a one-token generation")
             probe = Generation([0], GenerationParams(max_tokens=1), self._inbox)
             self._admit(probe, internal=True)

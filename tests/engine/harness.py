@@ -8,8 +8,10 @@ uses; `test_exactness.py` proves it fails for deliberately broken splits.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -92,12 +94,19 @@ class InTestCoordinator:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the probe generation went through every stage."""
         ready = threading.Event()
-        import time
-
         deadline = time.monotonic() + timeout
         while not self.pipeline.health.ready:
             assert time.monotonic() < deadline, f"pipeline not ready: {self.pipeline.health}"
             ready.wait(0.02)
+
+    def stage_stats(self, ready: Callable[[list[dict]], bool], timeout: float = 10.0) -> list[dict]:
+        """Per-stage figures from the stages' PONGs, once `ready(stats)` holds (they arrive every 0.5 s)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = [dict(s.stats) for s in self.pipeline.health.stages]
+            if ready(stats) or time.monotonic() > deadline:
+                return stats
+            time.sleep(0.05)
 
     def generate(self, prompt: list[int], max_tokens: int, **params: object):
         """Submit and return the Generation handle."""

@@ -6,8 +6,6 @@ in the test process so the comparison sees token ids and float32 log-probs direc
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from orchestrator.engine.shard import StageModel
@@ -51,8 +49,8 @@ def test_concurrent_requests_each_equal_their_solo_run(model_factory, launch):
         gens = [coord.generate(p, 30) for p in prompts]
         for exp, gen in zip(expected, gens):
             assert_same(exp, coord.collect(gen))
-        time.sleep(0.6)  # one more PONG carries the stages' counters
-        batches = [s.stats.get("max_batch", 0) for s in coord.pipeline.health.stages]
+        stats = coord.stage_stats(lambda st: all(s.get("max_batch", 0) >= 2 for s in st))
+        batches = [s.get("max_batch", 0) for s in stats]
     finally:
         coord.stop()
     assert min(batches) >= 2, f"decode steps were never micro-batched: {batches}"
