@@ -20,14 +20,21 @@ class ConfigError(ValueError):
     """The cluster configuration is unusable; the message says where and why."""
 
 
+def _decimal(text: str) -> int:
+    """A plain non-negative decimal: int() alone would also take "+3", " 3" and "1_0"."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def parse_layers(text: str) -> tuple[int, int]:
     """Parse an inclusive mlxcel-style range "0-14" (or "7") into half-open (start, end)."""
     parts = text.strip().split("-")
     try:
         if len(parts) == 1:
-            first = last = int(parts[0])
+            first = last = _decimal(parts[0].strip())
         elif len(parts) == 2:
-            first, last = int(parts[0]), int(parts[1])
+            first, last = _decimal(parts[0].strip()), _decimal(parts[1].strip())
         else:
             raise ValueError
     except ValueError:
@@ -42,10 +49,14 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     if not sep:
         raise ConfigError(f"address {text!r}: expected ip:port")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    if ":" in host and not bracketed:
+        raise ConfigError(f"address {text!r}: IPv6 literals go in brackets, e.g. [::1]:39601")
     try:
-        ipaddress.ip_address(host)
-        port = int(port_text)
+        if ipaddress.ip_address(host).version == 4 and bracketed:
+            raise ValueError
+        port = _decimal(port_text)
     except ValueError:
         raise ConfigError(f"address {text!r}: expected an IP literal and a port, e.g. 127.0.0.1:39601") from None
     if not 1 <= port <= 65535:
@@ -127,6 +138,9 @@ class ClusterConfig(BaseModel):
         ids = [n.id for n in self.nodes]
         if len(set(ids)) != len(ids):
             raise ConfigError("node ids must be unique")
+        addresses = [n.host_port for n in self.nodes]
+        if len(set(addresses)) != len(addresses):
+            raise ConfigError("two nodes share an address; every node needs its own ip:port")
         stages = self.stages
         if [s.stage for s in stages] != list(range(len(stages))):
             raise ConfigError("stages must be numbered 0..N-1 without gaps")

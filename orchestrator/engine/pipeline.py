@@ -27,6 +27,8 @@ from .wire import Flag, Frame, FrameError, Kind, json_frame
 PING_INTERVAL = 0.5
 PING_TIMEOUT = 3.0  # a stage silent this long is lost (its reader answers pings even mid-prefill)
 TICK = 0.1
+PROBE_TIMEOUT = 60.0  # the probe's prompt is one token: only a broken pipeline takes this long
+REPROBE_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class Pipeline:
         self._last_seen: dict[int, float] = {}
         self._last_ping = 0.0
         self._last_tick = 0.0
+        self._last_probe = 0.0
         self._stats: dict[int, dict] = {}
         self._state, self._reason = "starting", "connecting to stages"
         self._stop = threading.Event()
@@ -214,6 +217,12 @@ class Pipeline:
             seen = self._last_seen.get(link.index)
             if link.conn is not None and seen is not None and t - seen > PING_TIMEOUT:
                 self._lose(link.index, f"no answer for {PING_TIMEOUT:.1f} s")
+        probe = next((a for a in self._active.values() if a.internal), None)
+        if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
+            self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
+        elif (probe is None and self._state == "unhealthy" and all(l.conn is not None for l in self.links)
+              and t - self._last_probe > REPROBE_INTERVAL):
+            self._probe()
         self.health = self._snapshot()
 
     def _on_link_up(self, index: int, conn) -> None:
@@ -227,9 +236,13 @@ class Pipeline:
             # Stale per-request state from before must go. RESET travels down the chain from
             # stage 0, so every stage sees it before the probe's OPEN on the same path.
             self._send(0, [Frame(Kind.RESET)])
-            self._set_state("warming", "probing the pipeline with a one-token generation")
-            probe = Generation([0], GenerationParams(max_tokens=1), self._inbox)
-            self._admit(probe, internal=True)
+            self._probe()
+
+    def _probe(self) -> None:
+        """Healthy means a one-token generation went through every stage, not just open ports."""
+        self._last_probe = now()
+        self._set_state("warming", "probing the pipeline with a one-token generation")
+        self._admit(Generation([0], GenerationParams(max_tokens=1), self._inbox), internal=True)
 
     def _lose(self, index: int, reason: str) -> None:
         link = self.links[index]

@@ -27,16 +27,22 @@ class Sampler:
 
     @classmethod
     def from_params(cls, params: dict) -> "Sampler":
-        """Build from the OPEN frame's JSON; bad values raise ValueError."""
-        temperature = float(params.get("temperature", 0.0))
-        top_p = float(params.get("top_p", 1.0))
-        top = int(params.get("top_logprobs", 0))
+        """Build from the OPEN frame's JSON; anything malformed raises ValueError."""
+        if not isinstance(params, dict):
+            raise ValueError("sampling parameters must be a JSON object")
+        try:
+            temperature = float(params.get("temperature", 0.0))
+            top_p = float(params.get("top_p", 1.0))
+            top = int(params.get("top_logprobs", 0))
+            seed = params.get("seed")
+            seed = None if seed is None else int(seed)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"bad sampling parameters: {exc}") from None
         if not (0.0 <= temperature <= 10.0 and 0.0 < top_p <= 1.0 and 0 <= top <= MAX_TOP_LOGPROBS):
             raise ValueError("sampling parameters out of range")
-        seed = params.get("seed")
         key = None
         if temperature > 0:
-            seed = int(seed) if seed is not None else int.from_bytes(os.urandom(4), "little")
+            seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
             key = mx.random.key(seed & 0xFFFFFFFF)
         return cls(temperature, top_p, top, key)
 

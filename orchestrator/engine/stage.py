@@ -111,14 +111,23 @@ class Stage:
             threading.Thread(target=self._reader, args=(sock, peer), name=f"conn-{peer}", daemon=True).start()
 
     def _reader(self, sock: socket.socket, peer: str) -> None:
+        adopted: list[transport.Connection] = []
+
+        def adopt(conn: transport.Connection) -> None:
+            # Queued before the peer hears it is accepted: a RESULT for a request it starts
+            # right after its handshake can then never find the stage without a coordinator.
+            if conn.role == "coordinator":
+                adopted.append(conn)
+                self.inbox.put(("coordinator", conn))
+
         try:
-            conn = transport.accept(sock, peer, self.secret, self.max_frame)
+            conn = transport.accept(sock, peer, self.secret, self.max_frame, on_verified=adopt)
         except (HandshakeError, OSError) as exc:
             self.log.warning("transport.refused", peer=peer, reason=exc)
+            for c in adopted:  # verified, but the acceptance could not be sent
+                self.inbox.put(("closed", c))
             return
         self.log.info("transport.accepted", peer=peer, role=conn.role)
-        if conn.role == "coordinator":
-            self.inbox.put(("coordinator", conn))
         try:
             while True:
                 group = conn.recv_group()
@@ -196,7 +205,7 @@ class Stage:
         if frame.kind is Kind.OPEN:
             try:
                 sampler = Sampler.from_params(frame.json()) if self.model.last else None
-            except (ValueError, FrameError) as exc:
+            except (ValueError, FrameError) as exc:  # from_params turns any junk JSON into ValueError
                 self._error(frame.request_id, f"bad sampling parameters: {exc}")
                 return []
             self.requests[frame.request_id] = RequestState(self.model.make_cache(), sampler)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from typing import Callable
 
 from . import wire
 from .wire import Flag, Frame, FrameError, HandshakeError
@@ -104,8 +105,14 @@ def connect(address: tuple[str, int], secret: bytes, role: str, max_frame_bytes:
 
 
 def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
-           timeout: float = HANDSHAKE_TIMEOUT) -> Connection:
-    """Run the server side of the handshake on an accepted socket; raises HandshakeError."""
+           timeout: float = HANDSHAKE_TIMEOUT,
+           on_verified: Callable[[Connection], None] | None = None) -> Connection:
+    """Run the server side of the handshake on an accepted socket; raises HandshakeError.
+
+    `on_verified(conn)` runs once the peer has proved the secret but before it is told so:
+    whatever it queues is ordered before anything the peer can cause after its handshake
+    completes (a stage adopts its coordinator there, so no RESULT can miss it).
+    """
     try:
         _tune(sock)
         sock.settimeout(timeout)
@@ -114,6 +121,9 @@ def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
         head = recv_exact(sock, 7)
         rest_len = wire.rest_length(head) if head[:4] == b"PSHC" else 0
         role, client_nonce = wire.verify_client(secret, nonce, head, recv_exact(sock, rest_len) if rest_len else b"")
+        conn = Connection(sock, peer, role, max_frame_bytes)
+        if on_verified is not None:
+            on_verified(conn)
         sock.sendall(wire.server_proof(secret, nonce, client_nonce))
         sock.settimeout(None)
     except (OSError, HandshakeError):
@@ -122,7 +132,7 @@ def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
     except Exception as exc:  # anything unexpected from a hostile peer is a refusal, not a crash
         sock.close()
         raise HandshakeError(str(exc)) from None
-    return Connection(sock, peer, role, max_frame_bytes)
+    return conn
 
 
 def bind(host: str, port: int) -> socket.socket:

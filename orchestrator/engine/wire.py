@@ -81,7 +81,7 @@ class Frame:
         """The payload parsed as JSON (for OPEN, PONG, ERROR, RESULT)."""
         try:
             return json.loads(self.payload.decode())
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: deeply nested
             raise FrameError(f"{self.kind.name} frame payload is not JSON: {exc}") from None
 
 
