@@ -86,6 +86,7 @@ class Stage:
         self.index = node.stage or 0
         stages = config.stages
         self.next_node = stages[self.index + 1] if self.index + 1 < len(stages) else None
+        self.upstream_role = "coordinator" if self.index == 0 else f"stage-{self.index - 1}"
         self.max_frame = config.cluster.max_frame_bytes
         self.inbox: queue.Queue = queue.Queue()
         # MLX-thread state
@@ -133,6 +134,12 @@ class Stage:
                 group = conn.recv_group()
                 if group[0].kind is Kind.PING:
                     conn.send(json_frame(Kind.PONG, self.stats.as_json()))
+                    continue
+                if conn.role != self.upstream_role:
+                    # Requests enter a stage only from its upstream neighbour; anyone else who
+                    # knows the secret may probe liveness but not drive or reset requests.
+                    self.log.warning("frame.unexpected_sender", peer=peer, role=conn.role,
+                                     expected=self.upstream_role, kind=group[0].kind.name)
                     continue
                 self.inbox.put(("group", conn, group))
         except FrameError as exc:

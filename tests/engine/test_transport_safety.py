@@ -407,12 +407,12 @@ def test_oversized_frame_closes_only_that_connection(live_pipeline, cluster, fuz
                  f"frame of {4 * n} bytes exceeds the {LIMIT}-byte limit", since=mark)
     huge = _header(dtype=int(DType.BFLOAT16), ndim=3, rid=77, s=(1, 2**31, 2**30), length=2**32 - 1)
     assert victim.throw(huge, sync=False) == "malformed"
-    # exactly at the limit is fine (unknown request: the stage reports it and carries on)
+    # exactly at the limit is read in full (then dropped: a fuzzer is not stage 0's upstream)
     exact = frame_bytes(Kind.FORWARD, DType.INT32, (LIMIT // 4,), bytes(LIMIT), rid=77)
     assert victim.throw(exact) == "open"
     assert keep.throw(b"") == "open"  # the other connection was never disturbed
     assert_serves(live_pipeline, cluster)
-    wait_for_log(cluster, "stage-0", "request.failed", "request=77", "unknown request", since=mark)
+    wait_for_log(cluster, "stage-0", "frame.unexpected_sender", "role=fuzzer", since=mark)
 
 
 def test_micro_batch_longer_than_max_group_closes_the_connection(live_pipeline, cluster, fuzzers):
@@ -682,8 +682,12 @@ def as_coordinator(cluster: LocalPipeline, index: int) -> transport.Connection:
 @pytest.mark.parametrize("index,frames,message", BAD_REQUESTS)
 def test_a_bad_request_gets_an_error_and_the_stage_carries_on(live_pipeline, cluster, index, frames, message):
     conn = as_coordinator(cluster, index)
+    # Requests enter a stage only from its upstream neighbour: stage 0 from the coordinator,
+    # stage k from stage k-1. ERRORs and RESULTs always go to the coordinator.
+    sender = conn if index == 0 else transport.connect(
+        ("127.0.0.1", stage_port(cluster, index)), cluster.secret.encode(), f"stage-{index - 1}", 1 << 20)
     try:
-        conn.sock.sendall(frames)
+        sender.sock.sendall(frames)
         try:
             reply = conn.recv()
         except (OSError, FrameError) as exc:
@@ -692,7 +696,7 @@ def test_a_bad_request_gets_an_error_and_the_stage_carries_on(live_pipeline, clu
         assert message in reply.json()["message"]
         # the same connection still works: a good request on it is served
         if index == 1:
-            conn.sock.sendall(_open(rid=5) + _hidden((1, 3, HIDDEN), rid=5))
+            sender.sock.sendall(_open(rid=5) + _hidden((1, 3, HIDDEN), rid=5))
             result = conn.recv()
             assert result.kind is Kind.RESULT and result.request_id == 5 and result.position == 3
             token = decode_result(result.payload)[0]
@@ -702,6 +706,21 @@ def test_a_bad_request_gets_an_error_and_the_stage_carries_on(live_pipeline, clu
             assert conn.recv().kind is Kind.PONG
     finally:
         conn.close()
+        sender.close()
+    assert_serves(live_pipeline, cluster)
+
+
+def test_requests_from_a_peer_that_is_not_upstream_are_ignored(live_pipeline, cluster):
+    """Knowing the secret lets a peer probe liveness, not drive or reset another stage's requests."""
+    mark = log_mark(cluster, "stage-1")
+    coordinator = as_coordinator(cluster, 1)
+    try:
+        coordinator.sock.sendall(_open(rid=9) + _hidden((1, 3, HIDDEN), rid=9))
+        wait_for_log(cluster, "stage-1", "frame.unexpected_sender", "role=coordinator", "expected=stage-0", since=mark)
+        coordinator.send(Frame(Kind.PING))
+        assert coordinator.recv().kind is Kind.PONG  # no RESULT or ERROR came first: the frames were dropped
+    finally:
+        coordinator.close()
     assert_serves(live_pipeline, cluster)
 
 
