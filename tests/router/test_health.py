@@ -1,0 +1,102 @@
+"""The health state machine (pure) and the checker's scheduling (in-process, fake prober)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from orchestrator import logs
+from orchestrator.router.config import BackendConfig, HealthChecks
+from orchestrator.router.health import BackendHealth, HealthChecker, ProbeResult, next_delay, observe
+
+S = HealthChecks(interval=10, unhealthy_threshold=3, healthy_threshold=2)
+OK = ProbeResult(200, ("m",))
+DOWN = ProbeResult(None, error="refused")
+WARMING = ProbeResult(503, error="HTTP 503: pipeline is starting")
+
+
+def _run(results, h=BackendHealth()):
+    states = []
+    for r in results:
+        h = observe(h, r, S, 0.0)
+        states.append(h.state)
+    return h, states
+
+
+def test_healthy_after_threshold_successes():
+    h, states = _run([OK, OK, OK])
+    assert states == ["starting", "healthy", "healthy"]
+    assert h.models == ("m",) and h.routable
+
+
+def test_unhealthy_after_threshold_failures_and_routable_until_then():
+    h, _ = _run([OK, OK])
+    h, states = _run([DOWN, DOWN, DOWN], h)
+    assert states == ["healthy", "healthy", "unhealthy"]
+    assert not h.routable and h.last_error == "refused"
+    h, states = _run([OK, DOWN, OK, OK], h)  # a failure in between restarts the count
+    assert states == ["unhealthy", "unhealthy", "unhealthy", "healthy"]
+
+
+def test_503_leaves_rotation_at_once_and_needs_fresh_successes():
+    h, _ = _run([OK, OK])
+    h, states = _run([WARMING, OK, OK], h)
+    assert states == ["warming", "warming", "healthy"]
+    assert observe(BackendHealth(), WARMING, S, 0).state == "warming"
+
+
+def test_recheck_delays():
+    assert next_delay(BackendHealth("healthy", 2), S) == 10
+    assert next_delay(BackendHealth("healthy", 0, 1), S) == 1.0  # a failing healthy one is looked at sooner
+    for state in ("starting", "warming", "unhealthy"):
+        assert next_delay(BackendHealth(state), S) == 1.0  # a 503 is re-checked every second
+    assert next_delay(BackendHealth("warming"), HealthChecks(interval=0.2)) == 0.2
+
+
+def test_checker_probes_new_backends_at_once_keeps_health_across_reload_and_drops_removed():
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def prober(url: str, s: HealthChecks) -> ProbeResult:
+        with lock:
+            calls.append(url)
+        return OK
+
+    checker = HealthChecker(logs.get("test"), prober)
+    settings = HealthChecks(interval=0.1, healthy_threshold=2)
+    a = BackendConfig(name="a", url="http://a:1")
+    checker.configure((a,), settings)
+    checker.start()
+    try:
+        deadline = time.monotonic() + 3
+        while checker.snapshot()["a"].state != "healthy":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        b = BackendConfig(name="b", url="http://b:1")
+        checker.configure((a, b), settings)  # a reload that adds b
+        assert checker.snapshot()["a"].state == "healthy"
+        assert checker.snapshot()["b"].state == "starting"
+        checker.configure((BackendConfig(name="b", url="http://b:2"),), settings)  # a removed, b's URL changed
+        snap = checker.snapshot()
+        assert set(snap) == {"b"} and snap["b"].state == "starting"
+        with lock:
+            calls.clear()
+        time.sleep(0.35)
+        with lock:
+            assert calls and set(calls) == {"http://b:2"}
+    finally:
+        checker.stop()
+
+
+def test_disabled_checks_make_every_backend_routable_without_probing():
+    def prober(url: str, s: HealthChecks) -> ProbeResult:
+        raise AssertionError("no probe when health checks are disabled")
+
+    checker = HealthChecker(logs.get("test"), prober)
+    checker.configure((BackendConfig(name="a", url="http://a:1"),), HealthChecks(enabled=False, interval=0.05))
+    checker.start()
+    try:
+        time.sleep(0.2)
+        assert checker.snapshot()["a"].routable
+    finally:
+        checker.stop()

@@ -1,0 +1,128 @@
+"""How the router relays bytes, against scripted backends at the backend's HTTP seam.
+
+These backends are fakes on purpose: the properties under test (bytes relayed unchanged
+and as soon as they arrive, a backend breaking off mid-stream, an arbitrary status with
+its headers) need a backend whose timing and failures the test controls, which a real
+coordinator does not offer. What a real coordinator does through the router is covered
+in test_router.py. The router itself is the real `pipeserve router` process.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import requests
+
+from .conftest import wait_until, write_yaml
+
+EVENTS = [b'data: {"n": 1, "text": "caf\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
+GAP = 0.4  # seconds between two events of the scripted stream
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 — health probe
+        data = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.received.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
+        mode = body.get("mode")
+        if mode == "limited":
+            data = b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": "x"}}'
+            self.send_response(429, "Too Many")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Retry-After", "7")
+            self.send_header("X-Backend", "scripted")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for i, event in enumerate(EVENTS):
+            if mode == "break" and i == 1:
+                self.connection.shutdown(socket.SHUT_RDWR)  # the backend dies mid-stream
+                self.close_connection = True
+                return
+            self.server.sent_at.append(time.monotonic())
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+            self.wfile.flush()
+            time.sleep(GAP)
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@pytest.fixture
+def scripted() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    server.daemon_threads = True
+    server.received, server.sent_at = [], []
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def router(scripted, start_router, tmp_path: Path):
+    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    cfg = write_yaml(tmp_path / "router.yaml", {"backends": [{"name": "s", "url": url, "models": ["scripted"]}],
+                                                "health_checks": {"interval": "0.2s", "healthy_threshold": 1}})
+    r = start_router(cfg)
+    wait_until(lambda: r.models() == ["scripted"], 5, "the scripted backend to be healthy")
+    return r
+
+
+def test_a_stream_is_relayed_byte_for_byte_as_it_arrives(router, scripted):
+    start = time.monotonic()
+    resp = requests.post(router.url + "/v1/chat/completions", json={"model": "scripted", "stream": True,
+                                                                    "messages": []}, stream=True, timeout=10)
+    assert resp.status_code == 200 and resp.headers["Content-Type"] == "text/event-stream"
+    got, arrived = b"", []
+    for piece in resp.raw.stream(1 << 16, decode_content=False):
+        got += piece
+        arrived.append(time.monotonic())
+    assert got == b"".join(EVENTS)
+    # The first event reached the client before the backend had even sent the second one:
+    # nothing is buffered until the end.
+    assert arrived[0] < scripted.sent_at[1], (arrived[0] - start, scripted.sent_at[1] - start)
+    assert time.monotonic() - start >= GAP * (len(EVENTS) - 1)
+    path, headers, body = scripted.received[0]
+    assert path == "/v1/chat/completions" and body["model"] == "scripted"
+    assert headers["x-forwarded-for"] == "127.0.0.1"
+
+
+def test_status_reason_headers_and_error_body_pass_through(router):
+    r = requests.post(router.url + "/v1/completions", json={"model": "scripted", "mode": "limited"}, timeout=10)
+    assert (r.status_code, r.reason) == (429, "Too Many")
+    assert r.content == b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": "x"}}'
+    assert r.headers["Retry-After"] == "7" and r.headers["X-Backend"] == "scripted"
+
+
+def test_a_backend_breaking_off_mid_stream_ends_with_an_error_event(router):
+    resp = requests.post(router.url + "/v1/chat/completions", json={"model": "scripted", "stream": True,
+                                                                    "mode": "break"}, stream=True, timeout=10)
+    lines = [line for line in resp.iter_lines() if line]
+    assert lines[0] == EVENTS[0].strip()
+    error = json.loads(lines[-1].removeprefix(b"data: "))["error"]
+    assert "broke off" in error["message"] and error["type"] == "server_error"
+    assert len(lines) == 2
+    assert requests.get(router.url + "/health", timeout=5).status_code == 200  # the router is fine
