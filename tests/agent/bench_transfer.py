@@ -1,0 +1,117 @@
+"""Copy throughput between two agents on loopback vs a plain file copy on the same disk.
+
+    .venv/bin/python tests/agent/bench_transfer.py [--model DIR] [--runs 3]
+
+Default model: the SmolLM2 demo import in the pipeserve cache (~540 MB; made with
+`pipeserve import-demo-model` when absent). Both sides run with a warm page cache (the
+source files were just read), so the comparison is of the copy paths, not of the disk.
+The agent copy includes what a real transfer does: HTTP streaming, sha256 of every byte on
+the receiver, fsync, and the atomic move into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from orchestrator.agent.client import AgentClient, AgentError  # noqa: E402
+from orchestrator.engine.local import free_port  # noqa: E402
+
+
+def default_model() -> Path:
+    from orchestrator.models.demo import cache_root, import_demo_model
+
+    found = sorted(cache_root().glob("demo-model-float32-*"))
+    if found and (found[-1] / "config.json").is_file():
+        return found[-1]
+    return import_demo_model(cache_root() / "demo-model-float32-bench", dtype="float32")
+
+
+def plain_copy(src: Path, dst: Path, fsync: bool) -> float:
+    t0 = time.perf_counter()
+    dst.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        shutil.copyfile(f, dst / f.name)
+        if fsync:
+            fd = os.open(dst / f.name, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def start_agent(root: Path, name: str) -> tuple[subprocess.Popen, AgentClient]:
+    port = free_port()
+    (root / name / "models").mkdir(parents=True, exist_ok=True)
+    log = open(root / f"{name}.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "agent", "--port", str(port), "--name", name,
+                             "--models-dir", str(root / name / "models"), "--state-dir", str(root / name / "state"),
+                             "--no-advertise"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    client = AgentClient(f"http://127.0.0.1:{port}", timeout=600)
+    for _ in range(400):
+        try:
+            client.identity()
+            break
+        except AgentError:
+            time.sleep(0.05)
+    token = re.search(r"pairing token: (\S+)", (root / f"{name}.log").read_text()).group(1)
+    client.pair(token)
+    return proc, client
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--dir", type=Path, default=Path.home(),
+                        help="where the copies go (default: home, the disk of the pipeserve cache)")
+    args = parser.parse_args()
+    model = args.model or default_model()
+    size = sum(f.stat().st_size for f in model.iterdir() if f.is_file())
+    mb = size / 1e6
+    print(f"model {model} ({mb:.0f} MB, {len(list(model.iterdir()))} files) -> copies in {args.dir}")
+    with tempfile.TemporaryDirectory(prefix="bench-transfer-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        for f in model.iterdir():  # warm the page cache for every contender alike
+            f.read_bytes()
+        results: dict[str, list[float]] = {"copyfile": [], "copyfile+fsync": [], "agent->agent": []}
+        for i in range(args.runs):
+            results["copyfile"].append(plain_copy(model, root / f"plain{i}", fsync=False))
+            shutil.rmtree(root / f"plain{i}")
+            results["copyfile+fsync"].append(plain_copy(model, root / f"sync{i}", fsync=True))
+            shutil.rmtree(root / f"sync{i}")
+        pa, a = start_agent(root, "a")
+        pb, b = start_agent(root, "b")
+        try:
+            shutil.copytree(model, root / "a" / "models" / "m")
+            t0 = time.perf_counter()
+            manifest = a.model("m").manifest
+            hash_s = time.perf_counter() - t0
+            for _ in range(args.runs):
+                shutil.rmtree(root / "b" / "models" / "m", ignore_errors=True)
+                t0 = time.perf_counter()
+                b.fetch_from_peer("m", a, manifest)
+                done = b.wait_download("m", timeout=600, poll_s=0.02)
+                results["agent->agent"].append(time.perf_counter() - t0)
+                assert done.state == "done" and done.transferred_bytes == size, done
+        finally:
+            for p in (pa, pb):
+                p.terminate()
+                p.wait(30)
+        print(f"first manifest on the source agent (sha256 of {mb:.0f} MB): {hash_s:.2f} s ({mb / hash_s:.0f} MB/s)")
+        for name, times in results.items():
+            med = statistics.median(times)
+            print(f"{name:>15}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
+
+
+if __name__ == "__main__":
+    main()
