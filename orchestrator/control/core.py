@@ -1,0 +1,322 @@
+"""The Orchestrator: one thread owns the control-plane state; everything else talks to it.
+
+Commands (from the dashboard, tests or Python) and events (from workers) arrive through
+one inbox. Events are applied with the pure `transitions.apply`, persisted when they touch
+what must survive a restart, published to every subscriber, and may start workers
+(launch, teardown, recovery, prepare), which do the I/O and answer with more events.
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from .. import logs
+from ..agent.client import AgentClient, AgentError
+from ..registrar import Registrar
+from . import events as ev
+from . import store
+from .launcher import Launcher, Timeouts, timeline
+from .state import Node, Session, Settings, State
+from .transitions import apply, serving_node_ids
+
+PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
+             "session_registered", "session_faulted", "health_changed", "session_removed"}
+
+
+class CommandRefused(ValueError):
+    """A command that would break a rule; nothing changed. The message says why."""
+
+
+def agent_url(address: str) -> str:
+    """Normalise "host:port" or "http://host:port" to http://IP:port (engine addresses are IP literals)."""
+    text = address.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    if parts.scheme != "http" or not parts.hostname or not parts.port or parts.path not in ("", "/"):
+        raise CommandRefused(f"address {address!r}: expected host:port of a node agent, e.g. 192.168.1.20:39500")
+    try:
+        ip = socket.gethostbyname(parts.hostname)
+    except OSError:
+        raise CommandRefused(f"address {address!r}: cannot resolve {parts.hostname!r}") from None
+    return f"http://{ip}:{parts.port}"
+
+
+class Orchestrator:
+    """The control plane, drivable headless: `start()`, commands, `state`, `subscribe()`."""
+
+    def __init__(self, state_dir: Path, registrar: Registrar, *, timeouts: Timeouts = Timeouts(),
+                 watch_interval: float = 0.5, lease_s: float = 15.0) -> None:
+        self.state_dir = Path(state_dir)
+        self.registrar = registrar
+        self.timeouts = Timeouts(timeouts.listen, timeouts.healthy, timeouts.stop, lease_s)
+        self.bus = ev.EventBus()
+        self.log = logs.get("orchestrator")
+        self._state = State()
+        self._inbox: queue.Queue = queue.Queue()
+        self._clients: dict[tuple[str, str], AgentClient] = {}
+        self._clients_lock = threading.Lock()
+        self._cancels: dict[str, threading.Event] = {}  # session id -> cancel flag of its launch
+        self._thread: threading.Thread | None = None
+        from .watcher import Watcher
+
+        self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s)
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def start(self) -> "Orchestrator":
+        """Load persisted state, start the thread and the watcher, and recover live sessions."""
+        self._state = store.load(self.state_dir)
+        self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
+        self._thread.start()
+        for s in self._state.sessions:
+            self._spawn(self._recover, s)
+        self.watcher.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and the watcher (running sessions keep running; leases keep them honest)."""
+        self.watcher.stop()
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(5)
+
+    @property
+    def state(self) -> State:
+        """The latest immutable snapshot."""
+        return self._state
+
+    def subscribe(self) -> queue.Queue:
+        """A queue receiving every event applied from now on."""
+        return self.bus.subscribe()
+
+    def post(self, event: ev.Event) -> None:
+        """Hand an event to the orchestrator thread (any thread)."""
+        self._inbox.put(event)
+
+    def agent(self, node_id: str) -> AgentClient | None:
+        """An agent client for a registered node (cached per url and credential)."""
+        node = self._state.node(node_id)
+        if node is None:
+            return None
+        key = (node.url, node.credential)
+        with self._clients_lock:
+            if key not in self._clients:
+                self._clients[key] = AgentClient(node.url, node.credential, timeout=10.0)
+            return self._clients[key]
+
+    # --- the thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            item = self._inbox.get()
+            if item is None:
+                return
+            if isinstance(item, ev.Event):
+                self._apply(item)
+            else:
+                fn, future = item
+                try:
+                    future.set_result(fn())
+                except Exception as exc:  # handed back to the caller, never kills the thread
+                    future.set_exception(exc)
+
+    def _call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
+        """Run fn on the orchestrator thread and return its result (or raise its exception)."""
+        future: Future = Future()
+        self._inbox.put((fn, future))
+        return future.result(timeout)
+
+    def _apply(self, event: ev.Event) -> None:
+        old = self._state
+        new = apply(old, event)
+        if new is old:
+            return
+        self._state = new
+        if event.kind in PERSISTED:
+            try:
+                store.save(self.state_dir, new)
+            except OSError as exc:
+                self.log.error("state.save_failed", reason=exc)
+        self.bus.publish(event)
+        self._react(old, new, event)
+
+    def _react(self, old: State, new: State, event: ev.Event) -> None:
+        """Side effects that follow from a state change."""
+        if isinstance(event, ev.SessionFaulted):
+            s = new.session(event.session_id)
+            if s is not None and s.phase == "stopping" and (old.session(s.id) or s).phase == "running":
+                self.log.warning("session.unhealthy", session=s.id, reason=event.reason)
+                self._spawn(self._teardown, s, "Unhealthy", event.reason)
+
+    def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
+        threading.Thread(target=fn, args=args, name=fn.__name__.strip("_"), daemon=True).start()
+
+    # --- settings and nodes -----------------------------------------------------------
+    def update_settings(self, settings: Settings) -> Settings:
+        """Validate and store settings."""
+        if settings.port_start > settings.port_end:
+            raise CommandRefused(f"transport port range {settings.port_start}–{settings.port_end}: start must not exceed end")
+        self._call(lambda: self._apply(ev.SettingsChanged(settings=settings)))
+        return settings
+
+    def register_node(self, address: str, token: str) -> Node:
+        """Pair with an agent (its pairing token) and add it; re-registering replaces the entry."""
+        url = agent_url(address)
+        client = AgentClient(url, timeout=10.0)
+        try:
+            paired = client.pair(token.strip(), label="pipeserve control plane")
+            report = AgentClient(url, paired.credential, timeout=10.0).report()
+        except AgentError as exc:
+            raise CommandRefused(f"could not register {address}: {exc.message}") from None
+        finally:
+            client.close()
+        node = Node(id=paired.fingerprint, name=paired.name, url=url, credential=paired.credential,
+                    last_seen=time.time(), report=report)
+        self._call(lambda: self._apply(ev.NodeRegistered(node=node)))
+        self.log.info("node.registered", node=node.name, url=url)
+        return node
+
+    def remove_node(self, node_id: str) -> None:
+        """Forget a node; refused while a live session runs on it."""
+        def remove() -> None:
+            node = self._state.node(node_id)
+            if node is None:
+                raise CommandRefused(f"no registered node {node_id!r}")
+            users = [s.name for s in self._state.sessions if node_id in s.node_ids]
+            if users:
+                raise CommandRefused(f"node {node.name} serves {', '.join(users)}: stop it first")
+            self._apply(ev.NodeRemoved(node_id=node_id))
+        self._call(remove)
+
+    # --- preparation --------------------------------------------------------------------
+    def prepare(self, model_id: str, node_ids: list[str]) -> None:
+        """Start getting the model onto every node (progress arrives as events)."""
+        def check() -> dict[str, AgentClient]:
+            prep = self._state.preparation
+            if prep is not None and not prep.finished:
+                raise CommandRefused(f"already preparing {prep.model_id}")
+            missing = [n for n in node_ids if self._state.node(n) is None]
+            if missing or not node_ids:
+                raise CommandRefused(f"unknown nodes: {', '.join(missing)}" if missing else "select at least one node")
+            return {n: self.agent(n) for n in node_ids}
+        targets = self._call(check)
+        everyone = {n.id: self.agent(n.id) for n in self._state.nodes if n.id not in targets}
+        names = {n.id: n.name for n in self._state.nodes}
+        from .preparer import prepare
+
+        self._spawn(prepare, model_id, targets, everyone, self.post, names)
+
+    # --- sessions -----------------------------------------------------------------------
+    def launch(self, session: Session, model_id: str) -> Session:
+        """Create a session from placements (see `planning`) and launch it in the background."""
+        def create() -> Session:
+            for nid in session.node_ids:
+                node = self._state.node(nid)
+                if node is None:
+                    raise CommandRefused(f"node {nid!r} is not registered")
+            busy = {s.name for s in self._state.sessions if s.name == session.name}
+            if busy:
+                raise CommandRefused(f"a session named {session.name!r} is already live: stop it first")
+            created = session.model_copy(update={"timeline": timeline(session), "created_at": time.time()})
+            self._apply(ev.SessionCreated(session=created))
+            self._cancels[created.id] = threading.Event()
+            return created
+        created = self._call(create)
+        self._spawn(self._launch, created, model_id, self._cancels[created.id])
+        return created
+
+    def stop_session(self, session_id: str) -> None:
+        """Stop a session: the same teardown as an unhealthy cluster, reason "stopped"."""
+        def stop() -> Session | None:
+            s = self._state.session(session_id)
+            if s is None or s.phase not in ("launching", "running"):
+                raise CommandRefused(f"no live session {session_id!r}")
+            if s.phase == "launching":
+                self._cancels[session_id].set()  # the launcher rolls back and reports
+                return None
+            self._apply(ev.HealthChanged(session_id=s.id, health=s.health, phase="stopping", reason="stop requested"))
+            return s
+        s = self._call(stop)
+        if s is not None:
+            self._spawn(self._teardown, s, "Stopped", "stopped by request")
+
+    def wait(self, predicate: Callable[[State], bool], timeout: float = 60.0) -> State:
+        """Block until predicate(state) holds (for tests and scripts); raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while not predicate(self._state):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"condition not reached within {timeout} s")
+            time.sleep(0.02)
+        return self._state
+
+    # --- workers (I/O) ------------------------------------------------------------------
+    def _agents_for(self, s: Session) -> dict[str, AgentClient]:
+        agents = {nid: self.agent(nid) for nid in s.node_ids}
+        return {k: v for k, v in agents.items() if v is not None}
+
+    def _launch(self, s: Session, model_id: str, cancel: threading.Event) -> None:
+        launcher = Launcher(s, self._agents_for(s), self.registrar, self.post, self.timeouts, cancel)
+        transport = self._state.settings.transport_backend
+        ok = launcher.launch(model_id, secrets.token_hex(24), "tcp" if transport == "rdma" else transport)
+        if ok and not cancel.is_set():
+            self.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
+            return
+        if ok:  # stopped while the last step finished: take it down again
+            launcher.teardown()
+        failed = next((st for st in self._state.session(s.id).timeline if st.state == "failed"), None)
+        reason = "launch cancelled" if cancel.is_set() else (
+            f"launch failed at “{failed.label}”: {failed.detail}" if failed else "launch failed")
+        self.post(ev.HealthChanged(session_id=s.id, health="Stopped", phase="failed", reason=reason))
+        self.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+
+    def _teardown(self, s: Session, health: str, reason: str) -> None:
+        problems = Launcher(s, self._agents_for(s), self.registrar, self.post, self.timeouts).teardown()
+        if problems:
+            self.log.error("teardown.incomplete", session=s.id, problems="; ".join(problems))
+            reason = f"{reason} (cleanup problems: {'; '.join(problems)})"
+        self.post(ev.HealthChanged(session_id=s.id, health=health, phase="stopped", reason=reason))
+        self.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+
+    def _recover(self, s: Session) -> None:
+        """After a restart: re-adopt a session that is still healthy, clean up one that is not."""
+        from .watcher import judge
+
+        agents = self._agents_for(s)
+        processes: dict[str, Any] = {}
+        for name, node_id in [(f"stage-{st.index}", st.node_id) for st in s.stages] + [("coordinator", s.coordinator_node)]:
+            try:
+                processes[name] = agents[node_id].process(s.id, name) if node_id in agents else None
+            except AgentError:
+                processes[name] = None
+        import requests
+
+        try:
+            health, error = requests.get(s.url + "/health", timeout=3).json(), ""
+        except (requests.RequestException, ValueError) as exc:
+            health, error = None, str(exc)
+        _, problem = judge(s, processes, health, error)
+        if s.phase == "running" and not problem:
+            try:
+                self.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice
+                self.post(ev.SessionRegistered(session_id=s.id, registered=True))
+            except Exception as exc:  # noqa: BLE001 (any registrar failure means: not adopted)
+                problem = f"router registration failed: {exc}"
+            else:
+                self.log.info("session.readopted", session=s.id)
+                self.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running",
+                                           reason="re-adopted after a dashboard restart"))
+                return
+        reason = f"cleaned up after a dashboard restart: {problem or 'it was ' + s.phase}"
+        self.post(ev.HealthChanged(session_id=s.id, health="Unhealthy", phase="stopping", reason=reason))
+        self._teardown(s, "Unhealthy", reason)
+
+
+def new_session_id() -> str:
+    """A short unique id for a session (also its cluster id on the agents)."""
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,169 @@
+"""Events: what happened, in the past tense. The only way state changes, and what the UI pushes.
+
+Workers post events to the orchestrator's inbox; the orchestrator applies them
+(`transitions.apply`) and publishes them to every subscriber through one `EventBus`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..agent.schemas import Report
+from .state import DiscoveredNode, Health, Node, NodePreparation, Phase, Preparation, Session, Settings, StageStatus, StepState
+
+
+class Event(BaseModel):
+    """Base of all events."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: str
+
+
+class SettingsChanged(Event):
+    kind: Literal["settings_changed"] = "settings_changed"
+    settings: Settings
+
+
+class NodeRegistered(Event):
+    kind: Literal["node_registered"] = "node_registered"
+    node: Node
+
+
+class NodeRemoved(Event):
+    kind: Literal["node_removed"] = "node_removed"
+    node_id: str
+
+
+class NodeReported(Event):
+    kind: Literal["node_reported"] = "node_reported"
+    node_id: str
+    report: Report
+    at: float
+
+
+class NodeUnreachable(Event):
+    kind: Literal["node_unreachable"] = "node_unreachable"
+    node_id: str
+    error: str
+    at: float
+
+
+class NodeDiscovered(Event):
+    kind: Literal["node_discovered"] = "node_discovered"
+    node: DiscoveredNode
+
+
+class NodeVanished(Event):
+    kind: Literal["node_vanished"] = "node_vanished"
+    fingerprint: str
+
+
+class PlanPreviewed(Event):
+    kind: Literal["plan_previewed"] = "plan_previewed"
+    model_id: str
+    node_ids: tuple[str, ...]
+    plan: dict[str, Any]  # the planner's Plan or Refusal, as JSON
+
+
+class PreparationStarted(Event):
+    kind: Literal["preparation_started"] = "preparation_started"
+    preparation: Preparation
+
+
+class PreparationProgressed(Event):
+    kind: Literal["preparation_progressed"] = "preparation_progressed"
+    node: NodePreparation
+
+
+class PreparationFinished(Event):
+    kind: Literal["preparation_finished"] = "preparation_finished"
+    model_id: str
+    error: str = ""
+
+
+class SessionCreated(Event):
+    kind: Literal["session_created"] = "session_created"
+    session: Session
+
+
+class LaunchStepped(Event):
+    kind: Literal["launch_stepped"] = "launch_stepped"
+    session_id: str
+    key: str
+    state: StepState
+    detail: str = ""
+
+
+class SessionRegistered(Event):
+    kind: Literal["session_registered"] = "session_registered"
+    session_id: str
+    registered: bool
+
+
+class SessionObserved(Event):
+    """The watcher's latest look at a session's processes and coordinator."""
+
+    kind: Literal["session_observed"] = "session_observed"
+    session_id: str
+    stage_status: tuple[StageStatus, ...]
+
+
+class SessionFaulted(Event):
+    """The watcher saw a running session broken (a stage gone, the coordinator unhealthy)."""
+
+    kind: Literal["session_faulted"] = "session_faulted"
+    session_id: str
+    reason: str
+
+
+class HealthChanged(Event):
+    kind: Literal["health_changed"] = "health_changed"
+    session_id: str
+    health: Health
+    phase: Phase
+    reason: str = ""
+
+
+class SessionRemoved(Event):
+    kind: Literal["session_removed"] = "session_removed"
+    session_id: str
+    reason: str = ""
+
+
+class EventBus:
+    """Fan-out of applied events to subscribers; each gets its own bounded queue.
+
+    A subscriber that stops reading is dropped rather than allowed to block the orchestrator.
+    """
+
+    def __init__(self, maxsize: int = 1000) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: list[queue.Queue] = []
+        self._maxsize = maxsize
+
+    def subscribe(self) -> queue.Queue:
+        """A new queue that receives every event published from now on."""
+        q: queue.Queue = queue.Queue(self._maxsize)
+        with self._lock:
+            self._subscribers.append(q)
+        return q
+
+    def unsubscribe(self, q: queue.Queue) -> None:
+        """Stop delivering to q."""
+        with self._lock:
+            if q in self._subscribers:
+                self._subscribers.remove(q)
+
+    def publish(self, event: Event) -> None:
+        """Deliver to every subscriber (non-blocking)."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for q in subscribers:
+            try:
+                q.put_nowait(event)
+            except queue.Full:
+                self.unsubscribe(q)

@@ -1,0 +1,214 @@
+"""Ordered, all-or-nothing launch and complete teardown of a session (the I/O edge).
+
+Launch: every stage in ascending order, each waited for until its transport port listens;
+then the coordinator, waited for until it answers healthy (a one-token generation through
+every stage); then ONE router backend. Any failure stops what was started, in reverse
+order, and removes the router entry. Each step is reported as a `LaunchStepped` event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import requests
+
+from ..agent.client import AgentClient, AgentError
+from ..engine.config import ClusterConfig
+from ..registrar import Registrar, RegistrarError
+from . import events as ev
+from .state import Session, Step
+
+Post = Callable[[ev.Event], None]
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long each wait may take (seconds)."""
+
+    listen: float = 180.0  # a stage loads its layers before it listens
+    healthy: float = 120.0
+    stop: float = 10.0
+    lease: float = 15.0
+
+
+class LaunchFailed(RuntimeError):
+    """A launch step failed; `key` names the step."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def timeline(session: Session) -> tuple[Step, ...]:
+    """The launch steps of a session, all pending (pure)."""
+    steps: list[Step] = []
+    for st in session.stages:
+        steps.append(Step(key=f"stage-{st.index}.start", label=f"Stage {st.index} starting on {st.node_name} "
+                                                               f"(layers {st.first_layer}–{st.last_layer})"))
+        steps.append(Step(key=f"stage-{st.index}.listen", label=f"Stage {st.index} transport listening on port {st.port}"))
+    steps.append(Step(key="coordinator.start", label="Coordinator starting"))
+    steps.append(Step(key="coordinator.healthy", label="Coordinator healthy (one token through every stage)"))
+    steps.append(Step(key="router.register", label="Router registered"))
+    return tuple(steps)
+
+
+def cluster_toml(session: Session, transport: str = "tcp") -> str:
+    """The engine's cluster TOML (DESIGN §4) for this session; validated before it is sent."""
+    lines = ["[cluster]", f'name = "{session.name}"', f"pipeline_parallel_size = {len(session.stages)}",
+             "tensor_parallel_size = 1", f'transport_backend = "{transport}"', "",
+             "[[nodes]]", 'id = "coordinator"', f'address = "{session.coordinator_host}:{session.coordinator_port}"',
+             'role = "hybrid"']
+    for st in session.stages:
+        lines += ["", "[[nodes]]", f'id = "stage-{st.index}"', f'address = "{st.host}:{st.port}"',
+                  'role = "pipeline_stage"', f"stage = {st.index}", f'layers = "{st.first_layer}-{st.last_layer}"']
+    text = "\n".join(lines) + "\n"
+    import tomllib
+
+    ClusterConfig.model_validate(tomllib.loads(text))  # a bug here must fail before anything starts
+    return text
+
+
+class Launcher:
+    """Runs one session's launch or teardown; one instance per worker thread."""
+
+    def __init__(self, session: Session, agents: dict[str, AgentClient], registrar: Registrar, post: Post,
+                 timeouts: Timeouts = Timeouts(), cancel: threading.Event | None = None) -> None:
+        self.s = session
+        self.agents = agents
+        self.registrar = registrar
+        self.post = post
+        self.t = timeouts
+        self.cancel = cancel or threading.Event()
+        self.started: list[tuple[str, str]] = []  # (node_id, process node id) in start order
+
+    def _step(self, key: str, state: str, detail: str = "") -> None:
+        self.post(ev.LaunchStepped(session_id=self.s.id, key=key, state=state, detail=detail))
+
+    def launch(self, model_id: str, secret: str, transport: str = "tcp") -> bool:
+        """Run every step; on failure roll back. Returns whether the session is up."""
+        key = "stage-0.start"
+        try:
+            toml = cluster_toml(self.s, transport)
+            for st in self.s.stages:
+                key = f"stage-{st.index}.start"
+                self._step(key, "running")
+                self._start(st.node_id, "stage", f"stage-{st.index}", model_id, toml, secret)
+                self._step(key, "done", f"pid on {st.node_name}")
+                key = f"stage-{st.index}.listen"
+                self._step(key, "running")
+                self._wait_listening(st.node_id, f"stage-{st.index}", self.t.listen)
+                self._step(key, "done")
+            key = "coordinator.start"
+            self._step(key, "running")
+            self._start(self.s.coordinator_node, "coordinator", "coordinator", model_id, toml, secret)
+            self._step(key, "done", self.s.url)
+            key = "coordinator.healthy"
+            self._step(key, "running")
+            self._wait_healthy()
+            self._step(key, "done")
+            key = "router.register"
+            self._step(key, "running")
+            self.registrar.register(self.s.name, self.s.url + "/v1", [self.s.model_name])
+            self.post(ev.SessionRegistered(session_id=self.s.id, registered=True))
+            self._step(key, "done", self.s.name)
+            return True
+        except (LaunchFailed, AgentError, RegistrarError, OSError, ValueError) as exc:
+            self._step(key, "failed", str(exc))
+            self.rollback(failed_key=key)
+            return False
+
+    def _start(self, node_id: str, kind: str, process_id: str, model_id: str, toml: str, secret: str) -> None:
+        if self.cancel.is_set():
+            raise LaunchFailed(process_id, "launch cancelled")
+        request = {"kind": kind, "cluster_id": self.s.id, "node_id": process_id, "model_id": model_id,
+                   "config": toml, "secret": secret, "lease_s": self.t.lease, "model_name": self.s.model_name}
+        if kind == "coordinator":
+            request.update(http_host=self.s.coordinator_host, http_port=self.s.coordinator_port)
+        self.agents[node_id].start_process(request)
+        self.started.append((node_id, process_id))
+
+    def _renew(self) -> None:
+        for node_id in {n for n, _ in self.started}:
+            try:
+                self.agents[node_id].renew_lease(self.s.id, self.t.lease)
+            except AgentError:
+                pass  # the wait below notices a dead agent through its own calls
+
+    def _wait_listening(self, node_id: str, process_id: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_renew = time.monotonic()
+        while True:
+            info = self.agents[node_id].process(self.s.id, process_id)
+            if not info.alive:
+                tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
+                raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
+            if info.port_listening:
+                return
+            if time.monotonic() > deadline:
+                raise LaunchFailed(process_id, f"{process_id} not listening on port {info.port} after {timeout:.0f} s")
+            if self.cancel.is_set():
+                raise LaunchFailed(process_id, "launch cancelled")
+            if time.monotonic() - last_renew > self.t.lease / 3:
+                self._renew()
+                last_renew = time.monotonic()
+            time.sleep(0.1)
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.t.healthy
+        last_renew = time.monotonic()
+        reason = "no answer"
+        while time.monotonic() < deadline:
+            info = self.agents[self.s.coordinator_node].process(self.s.id, "coordinator")
+            if not info.alive:
+                tail = "\n".join(self.agents[self.s.coordinator_node].logs(self.s.id, "coordinator", 8))
+                raise LaunchFailed("coordinator", f"coordinator exited ({info.exit_code or info.signal}): {tail}")
+            try:
+                r = requests.get(self.s.url + "/health", timeout=2)
+                body = r.json()
+                if r.status_code == 200 and body.get("ready"):
+                    return
+                reason = f"{body.get('status')}: {body.get('reason')}"
+            except (requests.RequestException, ValueError) as exc:
+                reason = str(exc)
+            if self.cancel.is_set():
+                raise LaunchFailed("coordinator", "launch cancelled")
+            if time.monotonic() - last_renew > self.t.lease / 3:
+                self._renew()
+                last_renew = time.monotonic()
+            time.sleep(0.1)
+        raise LaunchFailed("coordinator", f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})")
+
+    def rollback(self, failed_key: str | None = None) -> list[str]:
+        """Stop everything started, newest first, and remove the router entry; returns problems left."""
+        problems = self.teardown()
+        reached = False
+        for st in timeline(self.s):
+            if st.key == failed_key:
+                reached = True
+                continue
+            if not reached:
+                self._step(st.key, "rolled_back")
+            else:
+                self._step(st.key, "skipped")
+        return problems
+
+    def teardown(self) -> list[str]:
+        """Deregister first (no traffic to a dying pipeline), then stop processes newest first."""
+        problems: list[str] = []
+        try:
+            self.registrar.deregister(self.s.name)
+            self.post(ev.SessionRegistered(session_id=self.s.id, registered=False))
+        except RegistrarError as exc:
+            problems.append(f"router: {exc}")
+        targets = self.started or [(self.s.coordinator_node, "coordinator")] + [
+            (st.node_id, f"stage-{st.index}") for st in reversed(self.s.stages)]
+        for node_id, process_id in reversed(self.started) if self.started else targets:
+            try:
+                self.agents[node_id].stop_process(self.s.id, process_id, self.t.stop)
+            except AgentError as exc:
+                if exc.status != 404:  # 404: never started or already gone
+                    problems.append(f"{process_id} on {node_id}: {exc.message}")
+        return problems

@@ -1,0 +1,173 @@
+"""The control plane's state: immutable pydantic models, replaced (never mutated) on change."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..agent.schemas import Report
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Settings(_Frozen):
+    """Settings → Advanced → Distributed serving."""
+
+    distributed_enabled: bool = False
+    transport_backend: Literal["tcp", "thunderbolt", "rdma"] = "tcp"
+    port_start: int = Field(default=39600, ge=1024, le=65535)
+    port_end: int = Field(default=39629, ge=1024, le=65535)
+
+
+class Node(_Frozen):
+    """A registered node (its agent)."""
+
+    id: str  # the agent's fingerprint
+    name: str
+    url: str  # the agent's root, http://host:port
+    credential: str = Field(repr=False)  # from pairing; persisted 0600, never shown
+    status: Literal["reachable", "unreachable"] = "reachable"
+    error: str | None = None
+    last_seen: float | None = None
+    report: Report | None = None
+
+    @property
+    def host(self) -> str:
+        """The agent's host (engine processes bind on the same address)."""
+        return self.url.split("://", 1)[1].rsplit(":", 1)[0]
+
+
+class DiscoveredNode(_Frozen):
+    """An agent seen through zeroconf: a hint, registration still needs its pairing token."""
+
+    fingerprint: str
+    name: str
+    url: str
+    accelerator: str = ""
+    models: tuple[str, ...] = ()
+
+
+StepState = Literal["pending", "running", "done", "failed", "rolled_back", "skipped"]
+
+
+class Step(_Frozen):
+    """One line of a launch timeline."""
+
+    key: str
+    label: str
+    state: StepState = "pending"
+    detail: str = ""
+
+
+class StagePlacement(_Frozen):
+    """Where a stage runs."""
+
+    index: int
+    node_id: str
+    node_name: str
+    first_layer: int
+    last_layer: int
+    host: str
+    port: int
+
+
+class StageStatus(_Frozen):
+    """What the watcher last saw of a stage."""
+
+    alive: bool | None = None
+    port_listening: bool | None = None
+    step_ms: float | None = None
+    connected: bool | None = None
+    detail: str = ""
+
+
+Health = Literal["Starting", "Healthy", "Unhealthy", "Stopped"]
+Phase = Literal["launching", "running", "stopping", "stopped", "failed"]
+
+
+class Session(_Frozen):
+    """A serving session: a cluster (several stages) or a single-node session (one stage)."""
+
+    id: str
+    name: str  # the router backend name
+    model_id: str
+    model_name: str  # what /v1/models lists
+    cluster: bool
+    stages: tuple[StagePlacement, ...]
+    coordinator_node: str
+    coordinator_host: str
+    coordinator_port: int
+    phase: Phase = "launching"
+    health: Health = "Starting"
+    reason: str = ""
+    timeline: tuple[Step, ...] = ()
+    stage_status: tuple[StageStatus, ...] = ()
+    registered: bool = False
+    created_at: float = 0.0
+    transport_fallback: str = ""  # e.g. "rdma unavailable: using tcp"
+
+    @property
+    def url(self) -> str:
+        """The coordinator's OpenAI root."""
+        return f"http://{self.coordinator_host}:{self.coordinator_port}"
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """Every node the session runs on (stages and coordinator)."""
+        ids = [s.node_id for s in self.stages]
+        if self.coordinator_node not in ids:
+            ids.append(self.coordinator_node)
+        return tuple(dict.fromkeys(ids))
+
+
+PrepareStatus = Literal["checking", "present", "needs_download", "mismatch", "downloading", "failed"]
+
+
+class NodePreparation(_Frozen):
+    """One node's side of preparing a model."""
+
+    node_id: str
+    status: PrepareStatus = "checking"
+    detail: str = ""
+    done_bytes: int = 0
+    total_bytes: int = 0
+    rate_bps: float = 0.0
+    source: str = ""
+
+
+class Preparation(_Frozen):
+    """Getting one model onto the selected nodes."""
+
+    model_id: str
+    nodes: tuple[NodePreparation, ...]
+    finished: bool = False
+    error: str = ""
+
+    @property
+    def ready(self) -> bool:
+        """Every node Present and verified."""
+        return self.finished and all(n.status == "present" for n in self.nodes)
+
+
+class State(_Frozen):
+    """Everything the dashboard shows, as one immutable snapshot."""
+
+    settings: Settings = Settings()
+    nodes: tuple[Node, ...] = ()
+    discovered: tuple[DiscoveredNode, ...] = ()
+    sessions: tuple[Session, ...] = ()  # live: launching, running or stopping
+    history: tuple[Session, ...] = ()  # recently ended (newest last), for the monitor's final word
+    preparation: Preparation | None = None
+    plan: dict | None = None  # the last previewed plan (planner JSON), shown to every viewer
+    version: int = 0
+
+    def node(self, node_id: str) -> Node | None:
+        """The registered node with this id."""
+        return next((n for n in self.nodes if n.id == node_id), None)
+
+    def session(self, session_id: str) -> Session | None:
+        """The live or recently ended session with this id."""
+        return next((s for s in self.sessions + self.history if s.id == session_id), None)

@@ -1,0 +1,111 @@
+"""How events change the state: one pure function, `apply(state, event) -> state`."""
+
+from __future__ import annotations
+
+from . import events as ev
+from .state import Node, Preparation, Session, State
+
+
+HISTORY = 5  # ended sessions kept for the monitor
+
+
+def _replace_node(state: State, node_id: str, **changes: object) -> State:
+    return state.model_copy(update={"nodes": tuple(
+        n.model_copy(update=changes) if n.id == node_id else n for n in state.nodes)})
+
+
+def _replace_session(state: State, session_id: str, fn) -> State:
+    return state.model_copy(update={"sessions": tuple(fn(s) if s.id == session_id else s for s in state.sessions),
+                                    "history": tuple(fn(s) if s.id == session_id else s for s in state.history)})
+
+
+def _step(session: Session, key: str, step_state: str, detail: str) -> Session:
+    steps = tuple(st.model_copy(update={"state": step_state, "detail": detail or st.detail}) if st.key == key else st
+                  for st in session.timeline)
+    return session.model_copy(update={"timeline": steps})
+
+
+def apply(state: State, event: ev.Event) -> State:
+    """The state after `event`; events about unknown nodes or sessions change nothing."""
+    new = _apply(state, event)
+    return new.model_copy(update={"version": state.version + 1}) if new is not state else state
+
+
+def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per event kind)
+    if isinstance(e, ev.SettingsChanged):
+        return state.model_copy(update={"settings": e.settings})
+    if isinstance(e, ev.NodeRegistered):
+        others = tuple(n for n in state.nodes if n.id != e.node.id)
+        discovered = tuple(d for d in state.discovered if d.fingerprint != e.node.id)
+        return state.model_copy(update={"nodes": others + (e.node,), "discovered": discovered})
+    if isinstance(e, ev.NodeRemoved):
+        return state.model_copy(update={"nodes": tuple(n for n in state.nodes if n.id != e.node_id)})
+    if isinstance(e, ev.NodeReported):
+        if state.node(e.node_id) is None:
+            return state
+        return _replace_node(state, e.node_id, report=e.report, status="reachable", error=None, last_seen=e.at,
+                             name=e.report.name)
+    if isinstance(e, ev.NodeUnreachable):
+        node = state.node(e.node_id)
+        if node is None or (node.status == "unreachable" and node.error == e.error):
+            return state
+        return _replace_node(state, e.node_id, status="unreachable", error=e.error)
+    if isinstance(e, ev.NodeDiscovered):
+        if state.node(e.node.fingerprint) is not None:
+            return state
+        others = tuple(d for d in state.discovered if d.fingerprint != e.node.fingerprint)
+        if e.node in state.discovered:
+            return state
+        return state.model_copy(update={"discovered": others + (e.node,)})
+    if isinstance(e, ev.NodeVanished):
+        kept = tuple(d for d in state.discovered if d.fingerprint != e.fingerprint)
+        return state if len(kept) == len(state.discovered) else state.model_copy(update={"discovered": kept})
+    if isinstance(e, ev.PreparationStarted):
+        return state.model_copy(update={"preparation": e.preparation})
+    if isinstance(e, ev.PreparationProgressed):
+        prep = state.preparation
+        if prep is None:
+            return state
+        nodes = tuple(e.node if n.node_id == e.node.node_id else n for n in prep.nodes)
+        return state.model_copy(update={"preparation": prep.model_copy(update={"nodes": nodes})})
+    if isinstance(e, ev.PreparationFinished):
+        prep = state.preparation
+        if prep is None or prep.model_id != e.model_id:
+            return state
+        return state.model_copy(update={"preparation": prep.model_copy(update={"finished": True, "error": e.error})})
+    if isinstance(e, ev.SessionCreated):
+        return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != e.session.id)
+                                        + (e.session,)})
+    if isinstance(e, ev.LaunchStepped):
+        return _replace_session(state, e.session_id, lambda s: _step(s, e.key, e.state, e.detail))
+    if isinstance(e, ev.SessionRegistered):
+        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"registered": e.registered}))
+    if isinstance(e, ev.SessionObserved):
+        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"stage_status": e.stage_status}))
+    if isinstance(e, ev.SessionFaulted):
+        s = state.session(e.session_id)
+        if s is None or s.phase != "running":
+            return state  # already being stopped: the first fault is the reason shown
+        return _replace_session(state, e.session_id, lambda s: s.model_copy(
+            update={"health": "Unhealthy", "phase": "stopping", "reason": e.reason}))
+    if isinstance(e, ev.HealthChanged):
+        return _replace_session(state, e.session_id, lambda s: s.model_copy(
+            update={"health": e.health, "phase": e.phase, "reason": e.reason}))
+    if isinstance(e, ev.SessionRemoved):
+        gone = [s for s in state.sessions if s.id == e.session_id]
+        if not gone:
+            return state
+        ended = gone[0].model_copy(update={"reason": e.reason or gone[0].reason})
+        return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != e.session_id),
+                                        "history": (state.history + (ended,))[-HISTORY:]})
+    if isinstance(e, ev.PlanPreviewed):
+        return state.model_copy(update={"plan": {"model_id": e.model_id, "node_ids": list(e.node_ids), **e.plan}})
+    return state
+
+
+def serving_node_ids(state: State) -> set[str]:
+    """Nodes that a live session runs on (they cannot be removed)."""
+    return {nid for s in state.sessions for nid in s.node_ids}
+
+
+__all__ = ["Node", "Preparation", "apply", "serving_node_ids"]

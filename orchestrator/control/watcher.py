@@ -1,0 +1,158 @@
+"""The watcher: renews leases, observes every live session and every node (the I/O edge).
+
+Every `interval` it reads the orchestrator's latest snapshot, asks each node's agent about
+its engine processes and each running session's coordinator about its pipeline, and posts
+what it saw. Judging what it means (Unhealthy, teardown) is the orchestrator's job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import requests
+
+from ..agent.client import AgentClient, AgentError
+from ..agent.schemas import ProcessInfo
+from . import events as ev
+from .state import Session, StageStatus, State
+
+Post = Callable[[ev.Event], None]
+
+
+def judge(session: Session, processes: dict[str, ProcessInfo | None], coordinator: dict | None,
+          coordinator_error: str) -> tuple[tuple[StageStatus, ...], str]:
+    """Per-stage status and, if the pipeline is broken, why (empty string when fine). Pure."""
+    stages_health = {s.get("id"): s for s in (coordinator or {}).get("stages", [])}
+    statuses, problems = [], []
+    for st in session.stages:
+        name = f"stage-{st.index}"
+        info = processes.get(name)
+        h = stages_health.get(name, {})
+        if info is None:
+            statuses.append(StageStatus(alive=None, detail="agent unreachable"))
+            problems.append(f"{name} on {st.node_name}: agent unreachable")
+            continue
+        statuses.append(StageStatus(alive=info.alive, port_listening=info.port_listening,
+                                    connected=(h.get("state") == "up") if h else None, step_ms=h.get("step_ms"),
+                                    detail="" if info.alive else f"exited ({info.exit_code or info.signal})"))
+        if not info.alive:
+            problems.append(f"{name} on {st.node_name} exited ({info.exit_code or info.signal or 'unknown'})")
+        elif not info.port_listening:
+            problems.append(f"{name} on {st.node_name}: transport port {st.port} not listening")
+    coord = processes.get("coordinator")
+    if coord is not None and not coord.alive:
+        problems.append(f"coordinator exited ({coord.exit_code or coord.signal or 'unknown'})")
+    elif coordinator is None:
+        problems.append(f"coordinator unreachable: {coordinator_error}")
+    elif coordinator.get("status") != "ready":
+        problems.append(f"coordinator {coordinator.get('status')}: {coordinator.get('reason')}")
+    return tuple(statuses), "; ".join(problems)
+
+
+class Watcher:
+    """Background thread: leases, session observations, node reports."""
+
+    def __init__(self, snapshot: Callable[[], State], agents: Callable[[str], AgentClient | None], post: Post,
+                 interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0) -> None:
+        self._snapshot = snapshot
+        self._agents = agents
+        self._post = post
+        self.interval = interval
+        self.lease_s = lease_s
+        self.report_every = report_every
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="watch")
+        self._last_lease = 0.0
+        self._last_report = 0.0
+
+    def start(self) -> None:
+        """Start the loop in a daemon thread."""
+        threading.Thread(target=self._loop, name="watcher", daemon=True).start()
+
+    def stop(self) -> None:
+        """End the loop."""
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.cycle()
+            except Exception:  # never let one bad cycle end the watching
+                import logging
+
+                logging.getLogger("pipeserve.watcher").exception("watch cycle failed")
+
+    def cycle(self) -> None:
+        """One round: leases (every lease/3 s), sessions, node reports (every report_every s)."""
+        state = self._snapshot()
+        now = time.monotonic()
+        if now - self._last_lease >= self.lease_s / 3:
+            self._last_lease = now
+            for s in state.sessions:
+                for node_id in s.node_ids:
+                    self._pool.submit(self._renew, node_id, s.id)
+        running = [s for s in state.sessions if s.phase == "running"]
+        node_ids = {nid for s in running for nid in s.node_ids}
+        listed = dict(zip(node_ids, self._pool.map(self._processes, node_ids)))
+        for s in running:
+            self._observe(s, listed)
+        if now - self._last_report >= self.report_every:
+            self._last_report = now
+            for n in state.nodes:
+                self._pool.submit(self._report, n.id)
+
+    def _renew(self, node_id: str, session_id: str) -> None:
+        agent = self._agents(node_id)
+        if agent is not None:
+            try:
+                agent.renew_lease(session_id, self.lease_s)
+            except AgentError:
+                pass  # observed (and acted on) through the process listing
+
+    def _processes(self, node_id: str) -> list[ProcessInfo] | None:
+        agent = self._agents(node_id)
+        try:
+            return agent.processes() if agent is not None else None
+        except AgentError:
+            return None
+
+    def _observe(self, s: Session, listed: dict[str, list[ProcessInfo] | None]) -> None:
+        processes: dict[str, ProcessInfo | None] = {}
+        for st in s.stages:
+            infos = listed.get(st.node_id)
+            processes[f"stage-{st.index}"] = None if infos is None else next(
+                (p for p in infos if p.cluster_id == s.id and p.node_id == f"stage-{st.index}"), _gone(s, st.index))
+        infos = listed.get(s.coordinator_node)
+        processes["coordinator"] = None if infos is None else next(
+            (p for p in infos if p.cluster_id == s.id and p.node_id == "coordinator"), _gone(s, None))
+        coordinator, error = None, ""
+        try:
+            coordinator = requests.get(s.url + "/health", timeout=1.0).json()
+        except (requests.RequestException, ValueError) as exc:
+            error = str(exc)
+        statuses, problem = judge(s, processes, coordinator, error)
+        if statuses != s.stage_status:
+            self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses))
+        if problem:
+            self._post(ev.SessionFaulted(session_id=s.id, reason=problem))
+
+    def _report(self, node_id: str) -> None:
+        agent = self._agents(node_id)
+        if agent is None:
+            return
+        try:
+            self._post(ev.NodeReported(node_id=node_id, report=agent.report(), at=time.time()))
+        except AgentError as exc:
+            self._post(ev.NodeUnreachable(node_id=node_id, error=exc.message, at=time.time()))
+
+
+def _gone(s: Session, index: int | None) -> ProcessInfo:
+    """A stand-in for a process the agent no longer lists (it was stopped or never existed)."""
+    port = s.coordinator_port if index is None else s.stages[index].port
+    return ProcessInfo(cluster_id=s.id, node_id="coordinator" if index is None else f"stage-{index}", kind="?",
+                       model_id="?", pid=None, alive=False, port=port, port_listening=False, started_at=0,
+                       uptime_s=0, lease_remaining_s=None, stop_reason="not listed by its agent")
