@@ -10,9 +10,19 @@ blas.preload()
 
 import hashlib
 import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import requests
+
+from orchestrator.engine.local import free_port
+from tests.support.agents import AgentProc, free_port_block
+from tests.support.router import STARTUP_TIMEOUT as ROUTER_STARTUP_TIMEOUT
+from tests.support.router import RouterProc
 
 
 @pytest.fixture(scope="session")
@@ -50,3 +60,67 @@ def demo_model_dir() -> Path:
         if stale != path and stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
     return path
+
+
+# --- real agent and router processes, for every test package --------------------------
+
+@pytest.fixture
+def spawn_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
+    """`spawn_agent("a", *extra_args, advertise=False, env={}, wait=True)` → a started, paired AgentProc."""
+    agents: list[AgentProc] = []
+
+    def spawn(name: str = "a", *args: str, advertise: bool = False, env: dict[str, str] | None = None,
+              wait: bool = True, ports: int = 4) -> AgentProc:
+        a = AgentProc(name, tmp_path / name, free_port(), free_port_block(ports),
+                      [*args, *([] if advertise else ["--no-advertise"])], env or {})
+        a.models_dir.mkdir(parents=True, exist_ok=True)
+        agents.append(a)
+        a.launch()
+        return a.wait_ready() if wait else a
+
+    yield spawn
+    for a in agents:
+        a.stop()
+        a.kill_engine_leftovers()
+        # Shown by pytest only when the test failed ("Captured stdout teardown").
+        print(f"----- agent {a.name} (run {a.starts}) -----\n{a.output(40)}")
+
+
+@pytest.fixture
+def start_router(tmp_path: Path) -> Iterator[Callable[..., RouterProc]]:
+    """`start_router(config_path)` runs a router until the test ends."""
+    started: list[RouterProc] = []
+
+    def start(config_path: Path, reload_interval: float = 0.2) -> RouterProc:
+        port = free_port()
+        log_path = tmp_path / f"router{len(started)}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "router", "--config", str(config_path),
+                                     "--port", str(port), "--reload-interval", str(reload_interval)],
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        router = RouterProc(proc, port, log_path, config_path)
+        started.append(router)
+        deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"router exited with {proc.returncode}:\n{router.output()}")
+            try:
+                if requests.get(router.url + "/health", timeout=1).status_code == 200:
+                    return router
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"router not up within {ROUTER_STARTUP_TIMEOUT:.0f} s:\n{router.output()}")
+            time.sleep(0.05)
+
+    yield start
+    for r in started:
+        if r.proc.poll() is None:
+            r.proc.terminate()
+            try:
+                r.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                r.proc.kill()
+                r.proc.wait()
+
+
