@@ -53,7 +53,7 @@ class Orchestrator:
     """The control plane, drivable headless: `start()`, commands, `state`, `subscribe()`."""
 
     def __init__(self, state_dir: Path, registrar: Registrar, *, timeouts: Timeouts = Timeouts(),
-                 watch_interval: float = 0.5, lease_s: float = 15.0) -> None:
+                 watch_interval: float = 0.5, lease_s: float = 15.0, agent_timeout: float = 10.0) -> None:
         self.state_dir = Path(state_dir)
         self.registrar = registrar
         self.timeouts = Timeouts(timeouts.listen, timeouts.healthy, timeouts.stop, lease_s)
@@ -65,6 +65,7 @@ class Orchestrator:
         self._clients_lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}  # session id -> cancel flag of its launch
         self._thread: threading.Thread | None = None
+        self.agent_timeout = agent_timeout
         from .watcher import Watcher
 
         self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s)
@@ -108,7 +109,7 @@ class Orchestrator:
         key = (node.url, node.credential)
         with self._clients_lock:
             if key not in self._clients:
-                self._clients[key] = AgentClient(node.url, node.credential, timeout=10.0)
+                self._clients[key] = AgentClient(node.url, node.credential, timeout=self.agent_timeout)
             return self._clients[key]
 
     # --- the thread ---------------------------------------------------------------------

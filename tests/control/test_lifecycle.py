@@ -1,0 +1,115 @@
+"""The session lifecycle with real agents, stage processes, coordinator and router.
+
+Ordered launch → Healthy → chat through the router → Stop; a dying stage is torn down and
+deregistered within 5 s; a dashboard restart re-adopts or cleans up.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import openai
+import pytest
+
+from .conftest import MODEL_ID, Env
+
+
+def healthy(env: Env, session_id: str, timeout: float = 90.0):
+    s = env.orch.wait(lambda st: (st.session(session_id) or s0).phase != "launching", timeout).session(session_id)
+    assert s.phase == "running" and s.health == "Healthy", (s.reason, [(x.key, x.state, x.detail) for x in s.timeline])
+    return s
+
+
+s0 = None
+
+
+def ask(env: Env, prompt: str = "hello") -> str:
+    client = openai.OpenAI(base_url=env.router.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=8, temperature=0).choices[0].message.content
+
+
+def wait_router_lists(env: Env, present: bool, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (MODEL_ID in env.router.models()) != present:
+        assert time.monotonic() < deadline, env.router.health()
+        time.sleep(0.1)
+
+
+def test_launch_serves_through_the_router_then_stop_leaves_nothing(env: Env):
+    session = env.orch.launch(env.session(), MODEL_ID)
+    s = healthy(env, session.id)
+    assert [st.state for st in s.timeline] == ["done"] * len(s.timeline)
+    assert env.backends() == ["tiny-cluster"]
+    wait_router_lists(env, True)
+    assert isinstance(ask(env), str)
+    assert sorted(p.split(":")[1] for p in env.engine_processes()) == sorted(
+        f"{s.id}/{n}" for n in ("stage-0", "stage-1", "coordinator"))
+    env.orch.stop_session(s.id)
+    st = env.orch.wait(lambda st: not st.sessions)
+    assert st.history[-1].health == "Stopped" and st.history[-1].phase == "stopped"
+    assert env.engine_processes() == [] and env.backends() == []
+
+
+@pytest.mark.parametrize("victim", ["stage-1", "coordinator"])
+def test_a_dead_process_marks_unhealthy_and_deregisters_within_5_seconds(env: Env, victim: str):
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    agent = env.agents[1] if victim == "stage-1" else env.agents[0]
+    pid = agent.client.process(s.id, victim).pid
+    events = env.orch.subscribe()
+    killed = time.monotonic()
+    import os
+
+    os.kill(pid, signal.SIGKILL)
+    deadline = killed + 10
+    deregistered = None
+    while time.monotonic() < deadline and deregistered is None:
+        if "tiny-cluster" not in env.backends():
+            deregistered = time.monotonic() - killed
+        time.sleep(0.02)
+    assert deregistered is not None and deregistered < 5.0, f"deregistered after {deregistered}"
+    st = env.orch.wait(lambda st: not st.sessions, 30)
+    ended = st.history[-1]
+    assert ended.health == "Unhealthy" and victim in ended.reason
+    assert env.engine_processes() == []
+    kinds = []
+    while not events.empty():
+        kinds.append(events.get().kind)
+    assert "session_faulted" in kinds and "session_removed" in kinds
+    print(f"stage death -> router deregistration: {deregistered:.2f} s")
+
+
+def test_restart_re_adopts_a_healthy_session_without_registering_twice(env: Env):
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    env.orch.stop()  # the dashboard goes away; its processes keep serving (until their lease lapses)
+    orch2 = env.make_orchestrator()
+    st = orch2.wait(lambda st: (st.session(s.id) is not None and st.session(s.id).reason.startswith("re-adopted")), 15)
+    assert st.session(s.id).health == "Healthy"
+    assert env.backends() == ["tiny-cluster"]
+    time.sleep(8)  # longer than the 6 s lease: the new watcher must be renewing it
+    assert orch2.state.session(s.id).phase == "running" and len(env.engine_processes()) == 3
+    assert isinstance(ask(env), str)
+
+
+def test_restart_cleans_up_a_session_that_broke_while_it_was_down(env: Env):
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    env.orch.stop()
+    env.agents[1].client.stop_process(s.id, "stage-1", 5)
+    orch2 = env.make_orchestrator()
+    st = orch2.wait(lambda st: not st.sessions, 30)
+    assert "restart" in st.history[-1].reason and "stage-1" in st.history[-1].reason
+    assert env.engine_processes() == [] and env.backends() == []
+
+
+def test_removing_a_node_that_serves_a_session_is_refused(env: Env):
+    from orchestrator.control.core import CommandRefused
+
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    with pytest.raises(CommandRefused, match="serves tiny-cluster"):
+        env.orch.remove_node(env.node_id(1))
+    assert env.orch.state.node(env.node_id(1)) is not None
+    env.orch.stop_session(s.id)
+    env.orch.wait(lambda st: not st.sessions)
+    env.orch.remove_node(env.node_id(1))
+    assert env.orch.state.node(env.node_id(1)) is None
