@@ -52,8 +52,9 @@ def _identity(pid: int) -> str | None:
     return command_output(["ps", "-o", "lstart=", "-p", str(pid)]) or None
 
 
-def port_listening(host: str, port: int) -> bool:
-    """Whether something listens on `port` (a stage listens only once its layers are loaded).
+def port_listening(host: str, port: int, pid: int | None = None) -> bool:
+    """Whether `port` is listening — by process `pid` when given (a stage listens only once its
+    layers are loaded; another program holding the port must not count as the stage).
 
     On Linux the kernel's socket table answers without touching the listener: a test
     connection would make the stage log a refused handshake on every status poll.
@@ -61,6 +62,7 @@ def port_listening(host: str, port: int) -> bool:
     tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
     if tables[0].exists():
         wanted = f":{port:04X}"
+        inodes: set[str] = set()
         for table in tables:
             try:
                 lines = table.read_text().splitlines()[1:]
@@ -68,14 +70,32 @@ def port_listening(host: str, port: int) -> bool:
                 continue
             for line in lines:
                 fields = line.split()
-                if len(fields) > 3 and fields[1].endswith(wanted) and fields[3] == "0A":  # 0A = LISTEN
-                    return True
-        return False
+                if len(fields) > 9 and fields[1].endswith(wanted) and fields[3] == "0A":  # 0A = LISTEN
+                    inodes.add(fields[9])
+        if not inodes or pid is None:
+            return bool(inodes)
+        return _owns_socket(pid, inodes)
     try:
         socket.create_connection((host, port), timeout=0.2).close()
         return True
     except OSError:
         return False
+
+
+def _owns_socket(pid: int, inodes: set[str]) -> bool:
+    """Whether process pid holds one of these socket inodes (True if its fds cannot be read)."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return True
+    targets = {f"socket:[{i}]" for i in inodes}
+    for fd in fds:
+        try:
+            if os.readlink(fd) in targets:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass
@@ -361,7 +381,7 @@ class ProcessManager:
     def info(self, m: Managed, created: bool = False) -> ProcessInfo:
         """A process's status, probing its port."""
         alive = m.alive()
-        listening = alive and port_listening(m.probe_host, m.port)
+        listening = alive and port_listening(m.probe_host, m.port, m.pid)
         return ProcessInfo(cluster_id=m.cluster_id, node_id=m.node_id, kind=m.kind, model_id=m.model_id, pid=m.pid,
                            alive=alive, exit_code=m.exit_code, signal=m.signal, port=m.port, port_listening=listening,
                            started_at=m.started_at, uptime_s=round(time.time() - m.started_at, 3),

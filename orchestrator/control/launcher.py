@@ -161,10 +161,12 @@ class Launcher:
         last_renew = time.monotonic()
         reason = "no answer"
         while time.monotonic() < deadline:
-            info = self.agents[self.s.coordinator_node].process(self.s.id, "coordinator")
-            if not info.alive:
-                tail = "\n".join(self.agents[self.s.coordinator_node].logs(self.s.id, "coordinator", 8))
-                raise LaunchFailed("coordinator", f"coordinator exited ({info.exit_code or info.signal}): {tail}")
+            # A stage dying now would leave the coordinator waiting: check them all, not just it.
+            for node_id, process_id in self.started:
+                info = self.agents[node_id].process(self.s.id, process_id)
+                if not info.alive:
+                    tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
+                    raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
             try:
                 r = requests.get(self.s.url + "/health", timeout=2)
                 body = r.json()
@@ -178,7 +180,7 @@ class Launcher:
             if time.monotonic() - last_renew > self.t.lease / 3:
                 self._renew()
                 last_renew = time.monotonic()
-            time.sleep(0.1)
+            time.sleep(0.2)
         raise LaunchFailed("coordinator", f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})")
 
     def rollback(self, failed_key: str | None = None) -> list[str]:

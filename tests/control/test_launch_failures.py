@@ -1,0 +1,116 @@
+"""Failure injection for every launch step: each ends with zero engine processes on every
+node and zero router entries, and the timeline names the failing step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+from orchestrator.control.launcher import Timeouts
+from orchestrator.registrar import ConfigFileRegistrar
+
+from .conftest import MODEL_ID, Env
+
+
+def failed(env: Env, orch, session_id: str, timeout: float = 90.0):
+    st = orch.wait(lambda st: not any(s.id == session_id for s in st.sessions), timeout)
+    s = st.session(session_id)
+    assert s.phase == "failed" and s.health == "Stopped", s
+    steps = {x.key: x for x in s.timeline}
+    bad = [x for x in s.timeline if x.state == "failed"]
+    assert len(bad) == 1, [(x.key, x.state) for x in s.timeline]
+    before = s.timeline[: s.timeline.index(bad[0])]
+    assert all(x.state == "rolled_back" for x in before)
+    assert all(x.state == "skipped" for x in s.timeline[s.timeline.index(bad[0]) + 1:])
+    return bad[0], steps
+
+
+def nothing_left(env: Env, within: float = 0.0) -> None:
+    deadline = time.monotonic() + within
+    while env.engine_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert env.engine_processes() == []
+    assert env.backends() == []
+
+
+def when_step(orch, key: str, state: str, action) -> threading.Thread:
+    """Run action(session_id) in the background as soon as step `key` reaches `state`."""
+    events = orch.subscribe()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            e = events.get(timeout=60)
+            if e.kind == "launch_stepped" and e.key == key and e.state == state:
+                action(e.session_id)
+                return
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_stage_that_cannot_bind_its_port(env: Env):
+    session = env.session()
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", session.stages[1].port))
+    blocker.listen(1)
+    try:
+        step, _ = failed(env, env.orch, env.orch.launch(session, MODEL_ID).id)
+    finally:
+        blocker.close()
+    assert step.key.startswith("stage-1.") and str(session.stages[1].port) in step.detail or "in use" in step.detail
+    nothing_left(env)
+
+
+def test_a_stage_that_crashes_while_loading(env: Env):
+    for f in (env.agents[1].models_dir / MODEL_ID).glob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")
+    step, _ = failed(env, env.orch, env.orch.launch(env.session(), MODEL_ID).id)
+    assert step.key == "stage-1.listen" and "exited" in step.detail, step
+    nothing_left(env)
+
+
+def test_a_coordinator_that_never_becomes_healthy(env: Env):
+    env.orch.stop()
+    orch = env.make_orchestrator(timeouts=Timeouts(listen=60, healthy=4, stop=3))
+
+    def freeze_stage_1(session_id: str) -> None:
+        os.kill(env.agents[1].client.process(session_id, "stage-1").pid, signal.SIGSTOP)
+
+    when_step(orch, "stage-1.listen", "done", freeze_stage_1)
+    step, _ = failed(env, orch, orch.launch(env.session(), MODEL_ID).id)
+    assert step.key == "coordinator.healthy" and "not healthy after 4 s" in step.detail, step
+    nothing_left(env)
+
+
+def test_a_router_that_rejects_registration(env: Env, tmp_path):
+    broken = tmp_path / "broken-router.yaml"
+    broken.write_text("backends: [unclosed\n")
+    env.orch.stop()
+    orch = env.make_orchestrator(registrar=ConfigFileRegistrar(broken))
+    step, _ = failed(env, orch, orch.launch(env.session(), MODEL_ID).id)
+    assert step.key == "router.register", step
+    assert broken.read_text() == "backends: [unclosed\n"  # a file it cannot parse is never overwritten
+    nothing_left(env)
+
+
+def test_an_agent_that_becomes_unreachable(env: Env):
+    agent_b = env.agents[1]
+
+    def freeze_agent_b(_session_id: str) -> None:
+        agent_b.proc.send_signal(signal.SIGSTOP)
+
+    when_step(env.orch, "stage-0.listen", "done", freeze_agent_b)
+    try:
+        step, _ = failed(env, env.orch, env.orch.launch(env.session(), MODEL_ID).id)
+        assert step.key == "stage-1.start" and "unreachable" in step.detail, step
+        assert [p for p in env.agents[0].client.processes() if p.alive] == []
+    finally:
+        agent_b.proc.send_signal(signal.SIGCONT)
+    # The frozen agent may still act on the start request it had queued; nobody renews that
+    # lease, so the agent itself stops the process when it lapses (6 s here).
+    nothing_left(env, within=20)
