@@ -1,0 +1,326 @@
+"""What a model directory holds, in bytes, read from config.json and safetensors headers only.
+
+The planner needs the size of every layer, of the embedding, the final norm and the head,
+and the KV-cache geometry; the node agent needs the same facts to describe its models.
+Both read them here. Only the header of each safetensors file is read (an 8-byte
+little-endian length, then that many bytes of JSON naming every tensor's dtype, shape and
+byte range), never the tensor data, so describing a 100 GB model costs a few kilobytes
+of I/O. This module imports neither mlx nor the control plane.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+# The decoder-block layout the engine splits (the same set the agent reports as llama_like).
+LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+INDEX_FILE = "model.safetensors.index.json"
+# The safetensors format itself refuses headers above 100 MB; a bigger length is corruption.
+MAX_HEADER_BYTES = 100_000_000
+
+# Element sizes of the safetensors dtypes, to check each entry's byte range against its shape.
+SAFETENSORS_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
+    "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4,
+    "U64": 8, "I64": 8, "F64": 8,
+}
+# Floating dtypes an activation (and so the KV cache) can have, by safetensors name.
+ACTIVATION_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+CONFIG_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16",
+                 "float16": "float16", "half": "float16"}
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class ModelDescriptionError(ValueError):
+    """The directory is not a model this module can describe; the message says which file and why."""
+
+
+class Quantization(BaseModel):
+    """The `quantization` block of an MLX config.json (weights only: activations stay float)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bits: int
+    group_size: int | None = None
+    mode: str | None = None
+
+
+class ModelDescription(BaseModel):
+    """Sizes and geometry of one model directory (all byte counts are tensor data bytes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str  # the directory name, for messages
+    model_type: str
+    architecture: str | None  # first of config.json "architectures", e.g. LlamaForCausalLM
+    llama_like: bool
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    tied_embeddings: bool
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int | None = None
+    dtype: str  # activation dtype: float32, bfloat16 or float16; the KV cache is stored in it
+    dtype_bytes: int  # its element size
+    quantization: Quantization | None = None
+    layer_bytes: tuple[int, ...]  # bytes of model.layers.{i}.* for every layer i
+    embedding_bytes: int  # model.embed_tokens.*
+    norm_bytes: int  # model.norm.* (the final norm)
+    head_bytes: int  # lm_head.*; 0 when tied (the head is then the embedding matrix)
+    other_bytes: int  # tensors outside those groups; every stage keeps them
+    weight_files: tuple[str, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every tensor in the files (the embedding counted once)."""
+        return sum(self.layer_bytes) + self.embedding_bytes + self.norm_bytes + self.head_bytes + self.other_bytes
+
+    @property
+    def kv_bytes_per_token_layer(self) -> int:
+        """KV-cache bytes one token costs in one layer: keys and values."""
+        return 2 * self.num_key_value_heads * self.head_dim * self.dtype_bytes
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
+    """The tensor entries of one safetensors file {name: {dtype, shape, data_offsets}}.
+
+    Reads only the length prefix and the JSON header; checks that every entry's byte range
+    lies inside the file and matches its shape, so sizes derived from it can be trusted.
+    """
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) != 8:
+                raise ModelDescriptionError(f"{path}: too short for a safetensors file")
+            (length,) = struct.unpack("<Q", prefix)
+            if length > MAX_HEADER_BYTES:
+                raise ModelDescriptionError(f"{path}: header length {length} is implausible (corrupt file?)")
+            raw = f.read(length)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ModelDescriptionError(f"{path}: {exc.strerror or exc}") from None
+    if len(raw) != length:
+        raise ModelDescriptionError(f"{path}: header truncated ({len(raw)} of {length} bytes)")
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ModelDescriptionError(f"{path}: header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ModelDescriptionError(f"{path}: header is not a JSON object")
+    data_bytes = size - 8 - length
+    entries: dict[str, dict[str, Any]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        entries[name] = _check_entry(path, name, entry, data_bytes)
+    return entries
+
+
+def _check_entry(path: Path, name: str, entry: Any, data_bytes: int) -> dict[str, Any]:
+    try:
+        dtype, shape, (start, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not (isinstance(start, int) and isinstance(end, int) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise TypeError
+    except (TypeError, KeyError, ValueError):
+        raise ModelDescriptionError(f"{path}: tensor {name!r} has a malformed header entry") from None
+    if not 0 <= start <= end <= data_bytes:
+        raise ModelDescriptionError(f"{path}: tensor {name!r} lies outside the file (truncated?)")
+    element = SAFETENSORS_DTYPE_BYTES.get(dtype)
+    if element is not None and math.prod(shape) * element != end - start:
+        raise ModelDescriptionError(f"{path}: tensor {name!r} has {end - start} bytes, its shape needs "
+                                    f"{math.prod(shape) * element}")
+    return {"dtype": dtype, "shape": list(shape), "nbytes": end - start}
+
+
+def weight_files(model_dir: Path) -> list[str]:
+    """The safetensors files of a model: those its index names, else `model*.safetensors` (as mlx-lm)."""
+    index = model_dir / INDEX_FILE
+    if index.exists():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+            if not all(isinstance(n, str) for n in names):
+                raise TypeError
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise ModelDescriptionError(f"{index}: not a valid safetensors index (needs a weight_map)") from None
+        for n in names:
+            if "/" in n or "\\" in n or n.startswith(".") or not (model_dir / n).is_file():
+                raise ModelDescriptionError(f"{model_dir}: shard {n!r} named by the index is missing")
+        return names
+    names = sorted(p.name for p in model_dir.glob("model*.safetensors") if p.is_file())
+    if not names:
+        raise ModelDescriptionError(f"{model_dir}: no model*.safetensors weights")
+    return names
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelDescriptionError(f"{model_dir}: no config.json (not a model directory)") from None
+    except (OSError, ValueError) as exc:
+        raise ModelDescriptionError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ModelDescriptionError(f"{path}: not a JSON object")
+    # Multimodal configs keep the language model's numbers under text_config.
+    text = cfg.get("text_config")
+    return {**text, **cfg} if isinstance(text, dict) else cfg
+
+
+def _int(cfg: dict[str, Any], path: Path, *keys: str, default: int | None = None) -> int:
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelDescriptionError(f"{path}: {key} must be a positive integer, got {value!r}")
+            return value
+    if default is None:
+        raise ModelDescriptionError(f"{path}: missing {keys[0]}")
+    return default
+
+
+def _quantization(cfg: dict[str, Any]) -> Quantization | None:
+    block = cfg.get("quantization") or cfg.get("quantization_config")
+    if not isinstance(block, dict) or not isinstance(block.get("bits"), int):
+        return None
+    group = block.get("group_size")
+    mode = block.get("mode")
+    return Quantization(bits=block["bits"], group_size=group if isinstance(group, int) else None,
+                        mode=mode if isinstance(mode, str) else None)
+
+
+def _activation_dtype(entries: dict[str, dict[str, Any]], cfg: dict[str, Any], path: Path) -> str:
+    """The dtype activations (and the KV cache) run in.
+
+    The engine takes it from the first layer's input norm (quantized models keep norms and
+    quantization scales in the activation dtype), so this does too; then any float tensor;
+    then config.json's torch_dtype.
+    """
+    norm = entries.get("model.layers.0.input_layernorm.weight")
+    if norm is not None and norm["dtype"] in ACTIVATION_DTYPES:
+        return ACTIVATION_DTYPES[norm["dtype"]]
+    for name in sorted(entries):
+        if entries[name]["dtype"] in ACTIVATION_DTYPES:
+            return ACTIVATION_DTYPES[entries[name]["dtype"]]
+    declared = cfg.get("torch_dtype") or cfg.get("dtype")
+    if isinstance(declared, str) and declared in CONFIG_DTYPES:
+        return CONFIG_DTYPES[declared]
+    raise ModelDescriptionError(f"{path}: cannot tell the activation dtype (no float tensor, no torch_dtype)")
+
+
+def describe_model(model_dir: str | Path) -> ModelDescription:
+    """Describe a model directory from config.json and its safetensors headers.
+
+    Works with one `model.safetensors` and with HF-style shards listed by
+    `model.safetensors.index.json`. Raises ModelDescriptionError for anything unusable.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelDescriptionError(f"{model_dir}: not a directory")
+    cfg = _read_config(model_dir)
+    cfg_path = model_dir / "config.json"
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelDescriptionError(f"{cfg_path}: no model_type")
+    num_layers = _int(cfg, cfg_path, "num_hidden_layers", "n_layer", "num_layers")
+    hidden = _int(cfg, cfg_path, "hidden_size", "n_embd", "d_model")
+    vocab = _int(cfg, cfg_path, "vocab_size")
+    heads = _int(cfg, cfg_path, "num_attention_heads", "n_head")
+    kv_heads = _int(cfg, cfg_path, "num_key_value_heads", default=heads)
+    head_dim = _int(cfg, cfg_path, "head_dim", default=max(1, hidden // heads))
+    max_pos = cfg.get("max_position_embeddings")
+    # mlx-lm's Llama ties by default when config.json says nothing (ModelArgs default).
+    tied = bool(cfg.get("tie_word_embeddings", True))
+
+    files = weight_files(model_dir)
+    entries: dict[str, dict[str, Any]] = {}
+    for name in files:
+        for tensor, entry in read_safetensors_header(model_dir / name).items():
+            if tensor in entries:
+                raise ModelDescriptionError(f"{model_dir}: tensor {tensor!r} appears in two weight files")
+            entries[tensor] = entry
+
+    layers = [0] * num_layers
+    seen = [False] * num_layers
+    embedding = norm = head = other = 0
+    for tensor, entry in entries.items():
+        nbytes = entry["nbytes"]
+        match = _LAYER.match(tensor)
+        if match:
+            i = int(match.group(1))
+            if i >= num_layers:
+                raise ModelDescriptionError(f"{model_dir}: tensor {tensor!r} is beyond the {num_layers} layers "
+                                            "config.json declares")
+            layers[i] += nbytes
+            seen[i] = True
+        elif tensor.startswith("model.embed_tokens."):
+            embedding += nbytes
+        elif tensor.startswith("model.norm."):
+            norm += nbytes
+        elif tensor.startswith("lm_head."):
+            head += nbytes
+        else:
+            other += nbytes
+    missing = [i for i, s in enumerate(seen) if not s]
+    if missing:
+        raise ModelDescriptionError(f"{model_dir}: no tensors for layer(s) {_ranges(missing)} of {num_layers}")
+    if embedding == 0:
+        raise ModelDescriptionError(f"{model_dir}: no model.embed_tokens tensors")
+    if tied:
+        head = 0  # mlx-lm drops a stray lm_head of a tied model; the embedding serves as the head
+    elif head == 0:
+        raise ModelDescriptionError(f"{model_dir}: config.json says the embeddings are untied but there is no lm_head")
+
+    dtype = _activation_dtype(entries, cfg, cfg_path)
+    archs = cfg.get("architectures")
+    return ModelDescription(
+        name=model_dir.resolve().name,
+        model_type=model_type,
+        architecture=archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None,
+        llama_like=model_type in LLAMA_LIKE,
+        num_layers=num_layers,
+        hidden_size=hidden,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos if isinstance(max_pos, int) and not isinstance(max_pos, bool) else None,
+        dtype=dtype,
+        dtype_bytes=DTYPE_BYTES[dtype],
+        quantization=_quantization(cfg),
+        layer_bytes=tuple(layers),
+        embedding_bytes=embedding,
+        norm_bytes=norm,
+        head_bytes=head,
+        other_bytes=other,
+        weight_files=tuple(files),
+    )
+
+
+def _ranges(indices: list[int]) -> str:
+    """'1-3, 7' for [1, 2, 3, 7]: short messages for long lists."""
+    out: list[str] = []
+    start = prev = indices[0]
+    for i in indices[1:] + [None]:  # type: ignore[list-item]
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if i is not None:
+            start = prev = i
+    return ", ".join(out)

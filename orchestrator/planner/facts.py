@@ -1,0 +1,57 @@
+"""What the planner needs to know about each selected node, taken from the agent's report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.agent.schemas import Report
+
+# Packages whose versions must agree across a cluster: the wire format is pipeserve's, and
+# exactness (identical float bits on every stage) needs the same mlx and mlx-lm kernels.
+ENGINE_PACKAGES = ("pipeserve", "mlx", "mlx_lm")
+
+
+class NodeFacts(BaseModel):
+    """One selected node, as the planner sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(min_length=1)  # the registry's id for the node; plans refer to nodes by it
+    name: str = Field(min_length=1)  # shown in messages
+    accelerator: str  # family: apple-silicon, linux-cuda, linux-cpu, other
+    engine_version: str  # see engine_version(); must be equal across a cluster
+    free_bytes: int = Field(ge=0)  # memory a plan may use on the node
+    free_ports: tuple[int, ...] = ()  # transport ports free on the node right now
+    # The IP the other nodes reach it at. Nodes that share a host (several agents on one
+    # machine, as in the demo) share its ports, so the planner never hands one port out twice.
+    host: str | None = None
+
+    @property
+    def label(self) -> str:
+        """'name' or 'name (id)' when they differ: what messages call the node."""
+        return self.name if self.name == self.id else f"{self.name} ({self.id})"
+
+
+def engine_version(versions: Mapping[str, str | None]) -> str:
+    """'pipeserve 0.1.0, mlx 0.32.4, mlx_lm 0.32.2' from a report's `versions` (missing ones shown as '?')."""
+    return ", ".join(f"{key} {versions.get(key) or '?'}" for key in ENGINE_PACKAGES)
+
+
+def node_facts_from_report(report: Report, *, node_id: str | None = None, host: str | None = None) -> NodeFacts:
+    """The planner's view of a node agent's report.
+
+    `node_id` defaults to the report's name; `host` is the address the registry reaches the
+    node at (a report cannot know which of its addresses the peers use).
+    """
+    return NodeFacts(
+        id=node_id or report.name,
+        name=report.name,
+        accelerator=report.accelerator.family,
+        engine_version=engine_version({**report.versions,
+                                       "pipeserve": report.versions.get("pipeserve") or report.version}),
+        free_bytes=max(0, report.memory.free_bytes),
+        free_ports=tuple(report.transport_ports.free),
+        host=host,
+    )

@@ -1,0 +1,106 @@
+"""Memory arithmetic of a stage: the weights it holds, the bytes it reads per token, its KV cache.
+
+A stage owning layers [start, end) of an N-layer model holds:
+- those layers, plus tensors outside any layer group (every stage loads them);
+- the embedding when it is the first stage (start == 0);
+- the final norm and the head when it is the last (end == N), and with tied embeddings the
+  embedding matrix again, since the head is that matrix (both ends of a tied model hold it).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from orchestrator.models.describe import ModelDescription
+
+from .settings import PlanSettings
+
+# mlx-lm's KVCache grows in steps of 256 tokens, so a sequence's cache is allocated for its
+# length rounded up to the next multiple.
+KV_STEP = 256
+GIB = 1024**3
+MIB = 1024**2
+
+
+def format_bytes(n: int) -> str:
+    """Bytes as GiB (MiB below 1 GiB), for messages."""
+    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def kv_tokens(context_length: int) -> int:
+    """Tokens a KV cache holds room for at `context_length`: rounded up to mlx-lm's 256-token steps."""
+    return -(-context_length // KV_STEP) * KV_STEP
+
+
+def kv_cache_bytes(model: ModelDescription, num_layers: int, settings: PlanSettings) -> int:
+    """KV cache of `num_layers` layers when every allowed sequence reaches the context length:
+    2 (keys, values) x layers x kv_heads x head_dim x element size x context x sequences."""
+    return (model.kv_bytes_per_token_layer * num_layers * kv_tokens(settings.context_length)
+            * settings.max_concurrent_sequences)
+
+
+class StageCosts:
+    """Byte counts of any candidate stage in O(1), from prefix sums over the layers."""
+
+    def __init__(self, model: ModelDescription, settings: PlanSettings) -> None:
+        self.model = model
+        self.settings = settings
+        self.num_layers = model.num_layers
+        self._prefix = [0, *accumulate(model.layer_bytes)]
+        self._kv_per_layer = kv_cache_bytes(model, 1, settings)
+        # A generated token reads every weight of a layer, but only one row of the embedding;
+        # the head (the embedding matrix itself when tied) is read in full.
+        self._embed_row = model.embedding_bytes // max(1, model.vocab_size)
+        self._head_read = model.norm_bytes + (model.embedding_bytes if model.tied_embeddings else model.head_bytes)
+
+    def layer_bytes(self, start: int, end: int) -> int:
+        """Bytes of layers [start, end)."""
+        return self._prefix[end] - self._prefix[start]
+
+    def holds_embedding(self, start: int, end: int) -> bool:
+        """Whether a stage over [start, end) keeps the embedding matrix."""
+        return start == 0 or (end == self.num_layers and self.model.tied_embeddings)
+
+    def weight_bytes(self, start: int, end: int) -> int:
+        """Resident weight bytes of a stage over [start, end)."""
+        m = self.model
+        total = self.layer_bytes(start, end) + m.other_bytes
+        if self.holds_embedding(start, end):
+            total += m.embedding_bytes
+        if end == self.num_layers:
+            total += m.norm_bytes + m.head_bytes
+        return total
+
+    def token_bytes(self, start: int, end: int) -> int:
+        """Weight bytes a stage over [start, end) reads per generated token: its share of the work."""
+        total = self.layer_bytes(start, end)
+        if start == 0:
+            total += self._embed_row
+        if end == self.num_layers:
+            total += self._head_read
+        return total
+
+    def kv_bytes(self, start: int, end: int) -> int:
+        """KV cache of a stage over [start, end) at the settings' context and concurrency."""
+        return self._kv_per_layer * (end - start)
+
+    def overhead_bytes(self, runs_coordinator: bool) -> int:
+        """Process overhead on a stage's node: the stage, plus the coordinator when it runs there."""
+        s = self.settings
+        return s.stage_overhead_bytes + (s.coordinator_overhead_bytes if runs_coordinator else 0)
+
+    def total_bytes(self, start: int, end: int, runs_coordinator: bool) -> int:
+        """Everything a stage over [start, end) needs on its node."""
+        return self.weight_bytes(start, end) + self.kv_bytes(start, end) + self.overhead_bytes(runs_coordinator)
+
+    def cluster_bytes(self, num_stages: int) -> int:
+        """What any split into `num_stages` (>= 2) stages needs in total: the same for every split,
+        since only the tied embedding's second copy depends on the stage count, not the cut points."""
+        m = self.model
+        tied_copy = m.embedding_bytes if (m.tied_embeddings and num_stages > 1) else 0
+        return (m.total_bytes + tied_copy + m.other_bytes * (num_stages - 1) + self.kv_bytes(0, self.num_layers)
+                + num_stages * self.settings.stage_overhead_bytes + self.settings.coordinator_overhead_bytes)
+
+    def single_node_bytes(self) -> int:
+        """What the whole model needs on one node (one stage plus the coordinator)."""
+        return self.total_bytes(0, self.num_layers, runs_coordinator=True)

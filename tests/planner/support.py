@@ -1,0 +1,58 @@
+"""Test inputs for the planner: model geometries (no files) and node facts."""
+
+from __future__ import annotations
+
+from orchestrator.models.describe import DTYPE_BYTES, ModelDescription
+from orchestrator.planner import NodeFacts
+
+
+def llama_layer_params(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> int:
+    """Parameters of one Llama decoder layer (no biases): attention, SwiGLU MLP, two norms."""
+    return (2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+            + 3 * hidden * intermediate + 2 * hidden)
+
+
+def llama(*, layers: int = 30, hidden: int = 576, intermediate: int = 1536, heads: int = 9, kv_heads: int = 3,
+          vocab: int = 49152, tied: bool = True, dtype: str = "float32", model_type: str = "llama",
+          name: str = "smollm2-like", layer_bytes: tuple[int, ...] | None = None) -> ModelDescription:
+    """A Llama-family description; the defaults are SmolLM2-135M's geometry in float32."""
+    head_dim = hidden // heads
+    elem = DTYPE_BYTES[dtype]
+    per_layer = llama_layer_params(hidden, intermediate, heads, kv_heads, head_dim) * elem
+    return ModelDescription(
+        name=name, model_type=model_type, architecture=None, llama_like=model_type in {"llama", "mistral"},
+        num_layers=layers, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, dtype=dtype, dtype_bytes=elem,
+        layer_bytes=layer_bytes if layer_bytes is not None else (per_layer,) * layers,
+        embedding_bytes=vocab * hidden * elem, norm_bytes=hidden * elem,
+        head_bytes=0 if tied else vocab * hidden * elem, other_bytes=0, weight_files=("model.safetensors",),
+    )
+
+
+def uniform(layers: int, layer_bytes: int = 1000, *, embedding: int = 0, head: int = 0, norm: int = 0,
+            tied: bool = False, vocab: int = 10, kv_heads: int = 1, head_dim: int = 1,
+            dtype: str = "float32", name: str = "toy") -> ModelDescription:
+    """A toy description with round numbers, for hand-checked arithmetic."""
+    return ModelDescription(
+        name=name, model_type="llama", architecture=None, llama_like=True, num_layers=layers, hidden_size=8,
+        vocab_size=vocab, tied_embeddings=tied, num_attention_heads=kv_heads, num_key_value_heads=kv_heads,
+        head_dim=head_dim, dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype], layer_bytes=(layer_bytes,) * layers,
+        embedding_bytes=embedding, norm_bytes=norm, head_bytes=0 if tied else head, other_bytes=0,
+        weight_files=("model.safetensors",),
+    )
+
+
+GB = 10**9
+PORTS = tuple(range(39600, 39630))
+
+
+def node(i: int, free: int = 8 * GB, *, accelerator: str = "linux-cpu", version: str = "pipeserve 0.1.0, mlx 0.32.4",
+         ports: tuple[int, ...] = PORTS, host: str | None = None, name: str | None = None) -> NodeFacts:
+    """Node `n{i}` named `node{i}` (or `name`)."""
+    return NodeFacts(id=f"n{i}", name=name or f"node{i}", accelerator=accelerator, engine_version=version,
+                     free_bytes=free, free_ports=ports, host=host)
+
+
+def nodes(*free: int, **kw: object) -> list[NodeFacts]:
+    """One node per free-memory value, numbered from 0."""
+    return [node(i, f, **kw) for i, f in enumerate(free)]  # type: ignore[arg-type]
