@@ -17,11 +17,11 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..logs import EventLogger
+from ..models.describe import LLAMA_LIKE, ModelDescriptionError, describe_model
 from .names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
 from .schemas import CheckResult, FileEntry, Manifest, ModelInfo
 from .state import write_private
 
-LLAMA_LIKE = {"llama", "mistral", "qwen2", "qwen3"}  # the decoder-block layout the engine splits
 CHUNK = 1 << 20  # hashing block
 
 
@@ -289,5 +289,10 @@ def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> 
     supported = _mlx_lm_supports(info.model_type)
     if supported is False:
         info.reason = f"model_type {info.model_type!r} is not supported by the installed mlx-lm"
+        return
+    try:
+        info.description = describe_model(base)  # headers only: the planner's per-layer bytes
+    except ModelDescriptionError as exc:
+        info.reason = str(exc)
         return
     info.mlx_format = True

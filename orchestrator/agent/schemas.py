@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..models.describe import ModelDescription
 from .names import check_id, check_model_id, check_relpath
 
 API_VERSION = 1
@@ -93,6 +94,7 @@ class ModelInfo(BaseModel):
     file_count: int = 0
     ignored: list[str] = []  # entries not served or hashed (symlinks leaving the directory, ...)
     manifest: Manifest | None = None
+    description: ModelDescription | None = None  # layer/embedding/head bytes, KV geometry (for the planner)
 
 
 class ModelList(BaseModel):

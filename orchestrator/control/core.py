@@ -16,7 +16,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlsplit
 
 from .. import logs
@@ -27,6 +27,9 @@ from . import store
 from .launcher import Launcher, Timeouts, timeline
 from .state import Node, Session, Settings, State
 from .transitions import apply, serving_node_ids
+
+if TYPE_CHECKING:
+    from ..planner import Plan, Refusal
 
 PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
              "session_registered", "session_faulted", "health_changed", "session_removed"}
@@ -213,7 +216,48 @@ class Orchestrator:
 
         self._spawn(prepare, model_id, targets, everyone, self.post, names)
 
-    # --- sessions -----------------------------------------------------------------------
+    # --- plans and sessions --------------------------------------------------------------
+    def preview_plan(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
+                     manual_split: list[tuple[int, int]] | None = None) -> "Plan | Refusal":
+        """Plan (read-only; nothing starts) and show the result to every viewer."""
+        from .planning import PlanningError, plan_for, plan_settings
+
+        state = self._state
+        try:
+            result = plan_for(state, model_id, node_ids,
+                              plan_settings(state.settings, context_length, concurrency, manual_split))
+        except PlanningError as exc:
+            raise CommandRefused(str(exc)) from None
+        self.post(ev.PlanPreviewed(model_id=model_id, node_ids=tuple(node_ids), plan=result.model_dump(mode="json")))
+        return result
+
+    def launch_cluster(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
+                       manual_split: list[tuple[int, int]] | None = None) -> Session:
+        """Plan and launch a cluster; refused (CommandRefused) when the planner refuses or nodes are not ready."""
+        from ..planner import Refusal, plan_to_cluster_toml
+        from .planning import session_from_plan, session_name
+
+        prep = self._state.preparation
+        if prep is None or prep.model_id != model_id or not prep.ready or \
+                not set(node_ids) <= {n.node_id for n in prep.nodes}:
+            raise CommandRefused("prepare the model on every selected node first (all must be Present and verified)")
+        plan = self.preview_plan(model_id, node_ids, context_length, concurrency, manual_split)
+        if isinstance(plan, Refusal):
+            raise CommandRefused("; ".join(r.message for r in plan.reasons))
+        hosts = {n.id: n.host for n in self._state.nodes}
+        toml = plan_to_cluster_toml(plan, session_name(model_id, len(plan.stages)), hosts=hosts)
+        return self.launch(session_from_plan(plan, self._state, new_session_id(), model_id, toml), model_id)
+
+    def launch_single(self, model_id: str, node_id: str) -> Session:
+        """Serve the whole model from one node (the baseline session, same machinery)."""
+        from .planning import PlanningError, single_session
+
+        try:
+            session = single_session(self._state, new_session_id(), model_id, node_id)
+        except PlanningError as exc:
+            raise CommandRefused(str(exc)) from None
+        return self.launch(session, model_id)
+
     def launch(self, session: Session, model_id: str) -> Session:
         """Create a session from placements (see `planning`) and launch it in the background."""
         def create() -> Session:
@@ -224,7 +268,10 @@ class Orchestrator:
             busy = {s.name for s in self._state.sessions if s.name == session.name}
             if busy:
                 raise CommandRefused(f"a session named {session.name!r} is already live: stop it first")
-            created = session.model_copy(update={"timeline": timeline(session), "created_at": time.time()})
+            transport = self._state.settings.transport_backend
+            fallback = "" if transport == "tcp" else f"{transport} is not available on these nodes: using tcp"
+            created = session.model_copy(update={"timeline": timeline(session), "created_at": time.time(),
+                                                 "transport_fallback": fallback})
             self._apply(ev.SessionCreated(session=created))
             self._cancels[created.id] = threading.Event()
             return created
@@ -263,8 +310,7 @@ class Orchestrator:
 
     def _launch(self, s: Session, model_id: str, cancel: threading.Event) -> None:
         launcher = Launcher(s, self._agents_for(s), self.registrar, self.post, self.timeouts, cancel)
-        transport = self._state.settings.transport_backend
-        ok = launcher.launch(model_id, secrets.token_hex(24), "tcp" if transport == "rdma" else transport)
+        ok = launcher.launch(model_id, secrets.token_hex(24), "tcp")
         if ok and not cancel.is_set():
             self.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
             return

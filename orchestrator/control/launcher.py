@@ -91,7 +91,7 @@ class Launcher:
         """Run every step; on failure roll back. Returns whether the session is up."""
         key = "stage-0.start"
         try:
-            toml = cluster_toml(self.s, transport)
+            toml = self.s.config_toml or cluster_toml(self.s, transport)
             for st in self.s.stages:
                 key = f"stage-{st.index}.start"
                 self._step(key, "running")

@@ -108,6 +108,7 @@ class Session(_Frozen):
     registered: bool = False
     created_at: float = 0.0
     transport_fallback: str = ""  # e.g. "rdma unavailable: using tcp"
+    config_toml: str = ""  # the cluster TOML from the plan (no secret in it); built from stages if empty
 
     @property
     def url(self) -> str:

@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.control.core import Orchestrator, new_session_id
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import Session, StagePlacement
+from orchestrator.control.state import Session, Settings, StagePlacement
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import AgentProc
 from tests.support.router import RouterProc
@@ -72,6 +72,9 @@ def env(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path) -> Iter
         return o
 
     orch = make()
+    # The dashboard's transport range must cover the ports the test agents were given.
+    orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.ports[0] for a in agents),
+                                  port_end=max(a.ports[1] for a in agents)))
     for a in agents:
         orch.register_node(a.url, a.token)
     yield Env(agents, router, router_yaml, tmp_path / "state", orch, make)

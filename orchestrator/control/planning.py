@@ -1,0 +1,89 @@
+"""From the registry's view of nodes to the planner's inputs, and from a plan to a Session (pure)."""
+
+from __future__ import annotations
+
+import re
+
+from ..agent.schemas import ModelInfo
+from ..planner import NodeFacts, Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster
+from .state import Node, Session, Settings, StagePlacement, State
+
+
+class PlanningError(ValueError):
+    """The request cannot be planned (unknown node, node not reporting, unknown model)."""
+
+
+def selected_nodes(state: State, node_ids: list[str]) -> list[Node]:
+    """The registered nodes, in the given order, each with a report."""
+    nodes = []
+    for nid in node_ids:
+        node = state.node(nid)
+        if node is None:
+            raise PlanningError(f"node {nid!r} is not registered")
+        if node.report is None:
+            raise PlanningError(f"node {node.name} has not reported yet ({node.error or 'unreachable'})")
+        nodes.append(node)
+    return nodes
+
+
+def model_info(state: State, model_id: str, prefer: list[Node]) -> ModelInfo:
+    """The model as a node that holds it reports it (selected nodes first)."""
+    others = [n for n in state.nodes if n not in prefer]
+    for node in prefer + others:
+        if node.report is not None:
+            for m in node.report.models:
+                if m.id == model_id:
+                    return m
+    raise PlanningError(f"no registered node has a model {model_id!r}")
+
+
+def plan_settings(settings: Settings, context_length: int = 4096, concurrency: int = 4,
+                  manual_split: list[tuple[int, int]] | None = None) -> PlanSettings:
+    """PlanSettings from the dashboard's settings and the plan form."""
+    return PlanSettings(context_length=context_length, max_concurrent_sequences=concurrency,
+                        port_start=settings.port_start, port_end=settings.port_end,
+                        transport_backend=settings.transport_backend, manual_split=manual_split)
+
+
+def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSettings) -> Plan | Refusal:
+    """Run the planner on the registry's latest reports."""
+    nodes = selected_nodes(state, node_ids)
+    info = model_info(state, model_id, nodes)
+    facts: list[NodeFacts] = [node_facts_from_report(n.report, node_id=n.id, host=n.host) for n in nodes]
+    return plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
+                        format_reason=info.reason)
+
+
+def session_name(model_id: str, stages: int) -> str:
+    """A router backend name: model and stage count, e.g. "smollm2-135m-instruct-2stage"."""
+    slug = re.sub(r"[^a-z0-9]+", "-", model_id.lower()).strip("-")[:48] or "model"
+    return f"{slug}-{stages}stage" if stages > 1 else f"{slug}-single"
+
+
+def session_from_plan(plan: Plan, state: State, session_id: str, model_id: str, toml: str) -> Session:
+    """The Session that launching `plan` creates."""
+    hosts = {n.id: n.host for n in state.nodes}
+    stages = tuple(StagePlacement(index=s.stage, node_id=s.node_id, node_name=s.node_name,
+                                  first_layer=s.first_layer, last_layer=s.last_layer,
+                                  host=s.host or hosts[s.node_id], port=s.transport_port) for s in plan.stages)
+    c = plan.coordinator
+    return Session(id=session_id, name=session_name(model_id, len(stages)), model_id=model_id, model_name=model_id,
+                   cluster=len(stages) > 1, stages=stages, coordinator_node=c.node_id,
+                   coordinator_host=c.host or hosts[c.node_id], coordinator_port=c.http_port, config_toml=toml)
+
+
+def single_session(state: State, session_id: str, model_id: str, node_id: str) -> Session:
+    """A whole model on one node: one stage plus the coordinator (the baseline)."""
+    node = selected_nodes(state, [node_id])[0]
+    info = model_info(state, model_id, [node])
+    if not info.mlx_format or info.num_layers is None:
+        raise PlanningError(f"model {model_id!r} cannot be served: {info.reason or 'unknown layout'}")
+    free = [p for p in node.report.transport_ports.free if state.settings.port_start <= p <= state.settings.port_end]
+    if len(free) < 2:
+        raise PlanningError(f"node {node.name} has fewer than 2 free ports in "
+                            f"{state.settings.port_start}–{state.settings.port_end}")
+    stage = StagePlacement(index=0, node_id=node.id, node_name=node.name, first_layer=0,
+                           last_layer=info.num_layers - 1, host=node.host, port=free[0])
+    return Session(id=session_id, name=session_name(model_id, 1), model_id=model_id, model_name=model_id,
+                   cluster=False, stages=(stage,), coordinator_node=node.id, coordinator_host=node.host,
+                   coordinator_port=free[1])
