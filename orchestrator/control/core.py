@@ -56,7 +56,8 @@ class Orchestrator:
     """The control plane, drivable headless: `start()`, commands, `state`, `subscribe()`."""
 
     def __init__(self, state_dir: Path, registrar: Registrar, *, timeouts: Timeouts = Timeouts(),
-                 watch_interval: float = 0.5, lease_s: float = 15.0, agent_timeout: float = 10.0) -> None:
+                 watch_interval: float = 0.5, lease_s: float = 15.0, agent_timeout: float = 10.0,
+                 discovery_interfaces: list[str] | None = None, discovery: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.registrar = registrar
         self.timeouts = Timeouts(timeouts.listen, timeouts.healthy, timeouts.stop, lease_s)
@@ -69,6 +70,9 @@ class Orchestrator:
         self._cancels: dict[str, threading.Event] = {}  # session id -> cancel flag of its launch
         self._thread: threading.Thread | None = None
         self.agent_timeout = agent_timeout
+        self._discovery = discovery
+        self._discovery_interfaces = discovery_interfaces
+        self._browser = None
         from .watcher import Watcher
 
         self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s)
@@ -82,11 +86,27 @@ class Orchestrator:
         for s in self._state.sessions:
             self._spawn(self._recover, s)
         self.watcher.start()
+        if self._discovery:
+            from ..agent.discovery import NodeBrowser
+
+            self._browser = NodeBrowser(self._discovery_interfaces, on_change=self._discovered).start()
         return self
+
+    def _discovered(self, change: str, node: Any) -> None:
+        """Zeroconf callback (its own thread): discovery is a hint, posted as an event."""
+        if change == "removed":
+            self.post(ev.NodeVanished(fingerprint=node.fingerprint))
+        else:
+            from .state import DiscoveredNode
+
+            self.post(ev.NodeDiscovered(node=DiscoveredNode(fingerprint=node.fingerprint, name=node.name, url=node.url,
+                                                            accelerator=node.accelerator, models=tuple(node.models))))
 
     def stop(self) -> None:
         """Stop the thread and the watcher (running sessions keep running; leases keep them honest)."""
         self.watcher.stop()
+        if self._browser is not None:
+            self._browser.close()
         self._inbox.put(None)
         if self._thread is not None:
             self._thread.join(5)
