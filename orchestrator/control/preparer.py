@@ -37,6 +37,23 @@ def reference_manifest(model_id: str, holders: dict[str, AgentClient]) -> tuple[
     raise PrepareFailed(f"no registered node has model {model_id!r}: add it to one node's models directory")
 
 
+def fastest_first(peers: dict[str, AgentClient], probes: int = 3) -> list[str]:
+    """Peers ordered by measured round trip (best of a few identity probes); unreachable ones last."""
+    def rtt(client: AgentClient) -> float:
+        best = float("inf")
+        for _ in range(probes):
+            start = time.perf_counter()
+            try:
+                client.identity()
+            except AgentError:
+                return float("inf")
+            best = min(best, time.perf_counter() - start)
+        return best
+
+    timed = {n: rtt(c) for n, c in peers.items()}
+    return sorted(peers, key=lambda n: timed[n])
+
+
 def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, AgentClient], post: Post,
             names: dict[str, str], poll_s: float = 0.25, timeout_s: float = 3600.0) -> bool:
     """Run the preparation; posts PreparationStarted/Progressed/Finished. Returns whether all are Present."""
@@ -47,7 +64,8 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
         states = {n: _check(n, model_id, c, manifest) for n, c in targets.items()}
         for n, st in states.items():
             post(ev.PreparationProgressed(node=st))
-        peers = [source_id] + [n for n, st in states.items() if st.status == "present" and n != source_id]
+        holders = [source_id] + [n for n, st in states.items() if st.status == "present" and n != source_id]
+        peers = fastest_first({n: everyone.get(n) or targets[n] for n in holders})
         downloading: dict[str, str] = {}
         for n, st in states.items():
             if st.status in ("needs_download", "mismatch"):
