@@ -1,0 +1,60 @@
+"""The pipeserve dashboard: a Flask app served beside the router (DESIGN §1).
+
+`create_app` only wires things together — no thread starts here or at import; the
+orchestrator is created and started by `pipeserve dashboard` (webapp.main).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from flask import Flask, jsonify, render_template, request
+from werkzeug.exceptions import HTTPException
+
+from orchestrator.control.core import Orchestrator
+
+from .auth import AuthStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the blueprints use; reached through `current_services()`."""
+
+    orchestrator: Orchestrator
+    auth: AuthStore
+    router_url: str
+
+
+def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> Flask:
+    """Build the Flask app around a (started or not) orchestrator."""
+    app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"))
+    app.secret_key = auth.secret_key()
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+                      PERMANENT_SESSION_LIFETIME=timedelta(days=7), MAX_CONTENT_LENGTH=1 << 20)
+    app.extensions["pipeserve"] = Services(orchestrator, auth, router_url.rstrip("/"))
+
+    from . import actions, api, chat, live, pages
+
+    for bp in (pages.bp, actions.bp, api.bp, chat.bp):
+        app.register_blueprint(bp)
+    live.register(app)
+
+    @app.context_processor
+    def viewer() -> dict:
+        from .services import view_context
+
+        return {"ctx": view_context()}
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):  # clear errors that change nothing
+        if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
+            return jsonify(error={"message": exc.description, "status": exc.code}), exc.code
+        if request.headers.get("HX-Request"):
+            return render_template("components/error.html", message=exc.description, status=exc.code), exc.code
+        return render_template("pages/error.html", message=exc.description, status=exc.code), exc.code
+
+    return app

@@ -1,0 +1,127 @@
+"""Actions (POST, admin + CSRF): each changes state through the orchestrator and answers the
+affected component, rendered by the same template the page and the websocket use."""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template, request
+
+from orchestrator.control.core import CommandRefused
+
+from .auth import admin_required
+from .components import render
+from .forms import FormError, integer, selection, settings_from
+from .services import current_services, view_context
+
+bp = Blueprint("actions", __name__)
+
+
+def _component(name: str, error: str | None = None, status: int = 200, **extra: object):
+    state = current_services().orchestrator.state
+    html = render(name, state, view_context())
+    if error:
+        html = render_template("components/error.html", message=error, status=status) + html
+    return html, status
+
+
+@bp.post("/settings/distributed")
+@admin_required
+def save_settings():
+    """Save Settings → Advanced → Distributed serving."""
+    try:
+        settings = settings_from(request.form)
+        current_services().orchestrator.update_settings(settings)
+    except (FormError, CommandRefused) as exc:
+        return _component("settings-form", str(exc), 400)
+    return _component("settings-form")
+
+
+@bp.post("/settings/viewer-links")
+@admin_required
+def new_viewer_link():
+    """Mint a viewer link (shown once)."""
+    label = (request.form.get("label") or "viewer").strip()[:64]
+    _, token = current_services().auth.mint_viewer(label)
+    link = request.host_url.rstrip("/") + f"/viewer/{token}"
+    return render_template("components/viewer_link.html", link=link, label=label)
+
+
+@bp.post("/nodes")
+@admin_required
+def add_node():
+    """Add node: address + pairing token."""
+    address = (request.form.get("address") or "").strip()
+    token = (request.form.get("token") or "").strip()
+    if not address or not token:
+        return _component("nodes", "Add node: both the address and the pairing token are needed", 400)
+    try:
+        current_services().orchestrator.register_node(address, token)
+    except CommandRefused as exc:
+        return _component("nodes", str(exc), 400)
+    return _component("nodes")
+
+
+@bp.post("/nodes/<node_id>/remove")
+@admin_required
+def remove_node(node_id: str):
+    """Forget a node (refused while it serves)."""
+    try:
+        current_services().orchestrator.remove_node(node_id)
+    except CommandRefused as exc:
+        return _component("nodes", str(exc), 409)
+    return _component("nodes")
+
+
+def _context_length() -> int:
+    return integer(request.form, "context_length", "Context length", 256, 131072) \
+        if request.form.get("context_length") else 4096
+
+
+@bp.post("/cluster/plan")
+@admin_required
+def preview_plan():
+    """Preview shard plan: read-only, nothing starts."""
+    try:
+        model, nodes = selection(request.form)
+        current_services().orchestrator.preview_plan(model, nodes, _context_length())
+    except (FormError, CommandRefused) as exc:
+        return _component("plan-preview", str(exc), 400)
+    orch = current_services().orchestrator
+    orch.wait(lambda st: st.plan is not None and st.plan.get("model_id") == model, 5)
+    return _component("plan-preview")
+
+
+@bp.post("/cluster/prepare")
+@admin_required
+def prepare():
+    """Prepare on all nodes."""
+    try:
+        model, nodes = selection(request.form)
+        current_services().orchestrator.prepare(model, nodes)
+    except (FormError, CommandRefused) as exc:
+        return _component("prepare-status", str(exc), 400)
+    return _component("prepare-status")
+
+
+@bp.post("/cluster/launch")
+@admin_required
+def launch():
+    """Launch cluster (ordered, all or nothing; the timeline arrives over the websocket)."""
+    try:
+        model, nodes = selection(request.form)
+        current_services().orchestrator.launch_cluster(model, nodes, _context_length())
+    except (FormError, CommandRefused) as exc:
+        return _component("cluster-monitor", str(exc), 400)
+    return _component("cluster-monitor")
+
+
+@bp.post("/sessions/<session_id>/stop")
+@admin_required
+def stop_session(session_id: str):
+    """Stop cluster / Stop: the same lifecycle command."""
+    target = request.form.get("target", "sessions")
+    target = target if target in ("sessions", "cluster-monitor") else "sessions"
+    try:
+        current_services().orchestrator.stop_session(session_id)
+    except CommandRefused as exc:
+        return _component(target, str(exc), 409)
+    return _component(target)

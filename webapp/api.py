@@ -1,0 +1,36 @@
+"""`GET /api/state`: the dashboard's state as JSON, for programs (credentials never included)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, abort, jsonify, request
+
+from orchestrator.control.state import State
+
+from . import auth
+from .services import current_services
+
+bp = Blueprint("api", __name__)
+
+
+def state_json(state: State) -> dict[str, Any]:
+    """The public JSON of a state snapshot (pure)."""
+    return state.model_dump(mode="json", exclude={"nodes": {"__all__": {"credential"}}})
+
+
+def bearer_role() -> str | None:
+    """The role of the session, or of an `Authorization: Bearer <admin or viewer token>`."""
+    if auth.role():
+        return auth.role()
+    header = request.headers.get("Authorization", "")
+    token = header[7:] if header.startswith("Bearer ") else request.args.get("token", "")
+    return current_services().auth.role_for(token) if token else None
+
+
+@bp.get("/api/state")
+def get_state():
+    """The whole state (viewer credential or session)."""
+    if bearer_role() is None:
+        abort(401, description="send a session cookie or Authorization: Bearer <viewer token>")
+    return jsonify(state_json(current_services().orchestrator.state))

@@ -1,0 +1,62 @@
+"""Live components: one template per component, one stable element id, one view model.
+
+The same `render()` produces the first page render, the htmx response to an action and
+the websocket push, so the three can never drift apart. Each component names the event
+kinds that change it; the live socket re-renders only those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flask import render_template
+
+from orchestrator.control.state import State
+
+from .views import cluster, nodes, sessions, settings
+from .views.context import ViewContext
+
+ALL = "*"
+
+
+@dataclass(frozen=True)
+class Component:
+    """A live piece of a page."""
+
+    name: str  # the root element's id
+    template: str
+    view: Callable[[State, ViewContext], dict[str, Any]]
+    kinds: frozenset[str]
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component("settings-form", "components/settings_form.html", settings.settings_view,
+              frozenset({"settings_changed"})),
+    Component("nodes", "components/nodes.html", nodes.nodes_view,
+              frozenset({"node_registered", "node_removed", "node_reported", "node_unreachable", "node_discovered",
+                         "node_vanished", "session_created", "session_removed"})),
+    Component("cluster-form", "components/cluster_form.html", cluster.form_view,
+              frozenset({"settings_changed", "node_registered", "node_removed", "node_reported", "node_unreachable"})),
+    Component("plan-preview", "components/plan_preview.html", cluster.plan_view, frozenset({"plan_previewed"})),
+    Component("prepare-status", "components/prepare_status.html", cluster.prepare_view,
+              frozenset({"preparation_started", "preparation_progressed", "preparation_finished"})),
+    Component("cluster-monitor", "components/cluster_monitor.html", cluster.monitor_view,
+              frozenset({"session_created", "launch_stepped", "session_registered", "session_observed",
+                         "session_faulted", "health_changed", "session_removed"})),
+    Component("sessions", "components/sessions.html", sessions.sessions_view,
+              frozenset({"session_created", "session_registered", "session_observed", "session_faulted",
+                         "health_changed", "session_removed", "launch_stepped"})),
+)
+BY_NAME = {c.name: c for c in COMPONENTS}
+
+
+def render(name: str, state: State, ctx: ViewContext, oob: bool = False) -> str:
+    """The component's HTML; `oob` marks it for an out-of-band swap (websocket pushes)."""
+    c = BY_NAME[name]
+    return render_template(c.template, component_id=c.name, oob=oob, ctx=ctx, **c.view(state, ctx))
+
+
+def affected(kind: str, names: list[str]) -> list[str]:
+    """Which of these components an event kind changes."""
+    return [n for n in names if n in BY_NAME and (kind in BY_NAME[n].kinds or ALL in BY_NAME[n].kinds)]

@@ -1,0 +1,98 @@
+"""Pages (GET): login, Models (Local / Distributed), Sessions, Chat, Settings."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, redirect, render_template, request, url_for
+
+from . import auth
+from .components import render
+from .services import current_services, view_context
+
+bp = Blueprint("pages", __name__)
+
+DISTRIBUTED_COMPONENTS = ["nodes", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"]
+
+
+def _page(template: str, components: list[str], **extra: object) -> str:
+    state = current_services().orchestrator.state
+    ctx = view_context()
+    html = {name: render(name, state, ctx) for name in components}
+    return render_template(template, ctx=ctx, components=html, live=",".join(components), state=state, **extra)
+
+
+@bp.get("/login")
+def login_form():
+    """The login page (admin token or viewer link)."""
+    return render_template("pages/login.html", error=None, ctx=view_context())
+
+
+@bp.post("/login")
+def login_submit():
+    """Exchange a token for a session."""
+    role = current_services().auth.role_for(request.form.get("token", ""))
+    if role is None:
+        return render_template("pages/login.html", error="That token is not valid.", ctx=view_context()), 401
+    auth.login(role)
+    return redirect(request.args.get("next") or url_for("pages.models"))
+
+
+@bp.get("/viewer/<token>")
+def viewer_link(token: str):
+    """A viewer link: log in as a viewer."""
+    if current_services().auth.role_for(token) != "viewer":
+        abort(401, description="This viewer link is not valid (it may have been revoked).")
+    auth.login("viewer")
+    return redirect(url_for("pages.models", tab="distributed"))
+
+
+@bp.post("/logout")
+def logout():
+    """End the session."""
+    auth.session.clear()
+    return redirect(url_for("pages.login_form"))
+
+
+@bp.before_request
+def need_login():
+    """Every page but the login ones needs a session."""
+    if request.endpoint in ("pages.login_form", "pages.login_submit", "pages.viewer_link") or auth.role():
+        return None
+    return redirect(url_for("pages.login_form", next=request.full_path.rstrip("?")))
+
+
+@bp.get("/")
+def index():
+    """Start on the Distributed tab."""
+    return redirect(url_for("pages.models", tab="distributed"))
+
+
+@bp.get("/models")
+def models():
+    """Models: the Local list and the Distributed tab."""
+    tab = request.args.get("tab", "distributed")
+    if tab not in ("local", "distributed"):
+        abort(404, description=f"no tab {tab!r}")
+    state = current_services().orchestrator.state
+    if tab == "local":
+        return _page("pages/models_local.html", ["nodes"], tab=tab)
+    names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else []
+    return _page("pages/models_distributed.html", names, tab=tab)
+
+
+@bp.get("/sessions")
+def sessions():
+    """Every serving session."""
+    return _page("pages/sessions.html", ["sessions"])
+
+
+@bp.get("/chat")
+def chat():
+    """Chat with any model the router serves."""
+    return _page("pages/chat.html", [])
+
+
+@bp.get("/settings")
+def settings():
+    """Settings → Advanced → Distributed serving."""
+    viewers = current_services().auth.viewers() if auth.role() == "admin" else []
+    return _page("pages/settings.html", ["settings-form"], viewers=viewers, new_link=None)

@@ -1,0 +1,30 @@
+"""Nodes: registered peers with status, and discovered ones waiting for registration (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.control.state import State
+from orchestrator.control.transitions import serving_node_ids
+
+from .context import ViewContext
+from .format import size
+
+
+def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """Rows for the node table and the discovered list."""
+    busy = serving_node_ids(state)
+    rows = []
+    for n in state.nodes:
+        r = n.report
+        rows.append({
+            "id": n.id, "name": n.name, "url": n.url, "status": n.status, "error": n.error,
+            "accelerator": r.accelerator.family if r else "–",
+            "free_memory": size(r.memory.free_bytes) if r else "–",
+            "models": [m.id for m in r.models] if r else [],
+            "version": r.version if r else "–",
+            "serving": n.id in busy,
+        })
+    discovered = [{"fingerprint": d.fingerprint, "name": d.name, "url": d.url, "accelerator": d.accelerator,
+                   "address": d.url.split("://", 1)[-1]} for d in state.discovered]
+    return {"nodes": rows, "discovered": discovered}
