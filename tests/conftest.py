@@ -8,8 +8,6 @@ from orchestrator.engine import blas
 
 blas.preload()
 
-import hashlib
-import shutil
 import subprocess
 import sys
 import time
@@ -33,33 +31,13 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_test_model(tmp_path_factory.mktemp("test-model") / "model")
 
 
-def _demo_cache_key() -> str:
-    """Changes whenever the converter's code or the pinned wheel does, so a cached import
-    made by older code is never reused."""
-    from orchestrator.models import demo, files, gguf
-
-    digest = hashlib.sha256(demo.WHEEL_SHA256.encode())
-    for module in (demo, files, gguf):
-        digest.update(Path(module.__file__).read_bytes())
-    return digest.hexdigest()[:12]
-
-
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """SmolLM2-135M-Instruct in float32, imported once and kept in the pipeserve cache
-    (~540 MB) so later test runs reuse it; stale imports from older code are removed."""
-    from orchestrator.models.demo import cache_root, import_demo_model
+    (~540 MB) so later test runs (and `make demo`) reuse it."""
+    from orchestrator.models.demo import cached_demo_model
 
-    dtype = "float32"
-    root = cache_root()
-    path = root / f"demo-model-{dtype}-{_demo_cache_key()}"
-    # The import appears by atomic rename, so an existing config.json means a complete copy.
-    if not (path / "config.json").is_file():
-        import_demo_model(path, dtype=dtype, overwrite=True)
-    for stale in root.glob(f"demo-model-{dtype}-*"):
-        if stale != path and stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-    return path
+    return cached_demo_model("float32")
 
 
 # --- real agent and router processes, for every test package --------------------------

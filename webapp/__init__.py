@@ -53,8 +53,9 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
     def http_error(exc: HTTPException):  # clear errors that change nothing
         if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
             return jsonify(error={"message": exc.description, "status": exc.code}), exc.code
-        if request.headers.get("HX-Request"):
-            return render_template("components/error.html", message=exc.description, status=exc.code), exc.code
+        if request.headers.get("HX-Request"):  # a notice in the page's message area; the component stays
+            html = render_template("components/error.html", message=exc.description, status=exc.code)
+            return html, exc.code, {"HX-Retarget": "#notices", "HX-Reswap": "innerHTML"}
         return render_template("pages/error.html", message=exc.description, status=exc.code), exc.code
 
     return app

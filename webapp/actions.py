@@ -15,12 +15,26 @@ from .services import current_services, view_context
 bp = Blueprint("actions", __name__)
 
 
-def _component(name: str, error: str | None = None, status: int = 200, **extra: object):
+def _component(name: str, error: str | None = None, status: int = 200, at: str = ""):
+    """The component after an action; when refused, with the message next to the control `at`
+    and the submitted values kept (status 4xx: htmx swaps it all the same, see base.html)."""
     state = current_services().orchestrator.state
-    html = render(name, state, view_context())
-    if error:
-        html = render_template("components/error.html", message=error, status=status) + html
+    html = render(name, state, view_context(), error=error, error_at=at, form=request.form if error else None)
     return html, status
+
+
+def _with_notice(answer: tuple[str, int], message: str) -> tuple[str, int]:
+    """An answer plus a short confirmation in the page's notice area (outside the component,
+    which the live push may re-render at once)."""
+    html, status = answer
+    return html + render_template("components/notice.html", message=message), status
+
+
+def _refused_in_form(error: str, status: int = 400):
+    """A Serve-as-cluster action refused: the message goes under its buttons, in the form,
+    whatever component the action would have updated."""
+    html, status = _component("cluster-form", error, status, at="actions")
+    return html, status, {"HX-Retarget": "#cluster-form", "HX-Reswap": "outerHTML"}
 
 
 @bp.post("/settings/distributed")
@@ -31,8 +45,10 @@ def save_settings():
         settings = settings_from(request.form)
         current_services().orchestrator.update_settings(settings)
     except (FormError, CommandRefused) as exc:
-        return _component("settings-form", str(exc), 400)
-    return _component("settings-form")
+        return _component("settings-form", str(exc), 400, at="save")
+    return _with_notice(_component("settings-form"),
+                        f"Saved: distributed serving {'on' if settings.distributed_enabled else 'off'}, "
+                        f"{settings.transport_backend}, ports {settings.port_start}–{settings.port_end}.")
 
 
 @bp.post("/settings/viewer-links")
@@ -51,12 +67,13 @@ def add_node():
     """Add node: address + pairing token."""
     address = (request.form.get("address") or "").strip()
     token = (request.form.get("token") or "").strip()
+    at = f"discovered:{address}" if request.form.get("source") == "discovered" else "add"
     if not address or not token:
-        return _component("nodes", "Add node: both the address and the pairing token are needed", 400)
+        return _component("nodes", "Add node: both the address and the pairing token are needed", 400, at=at)
     try:
         current_services().orchestrator.register_node(address, token)
     except CommandRefused as exc:
-        return _component("nodes", str(exc), 400)
+        return _component("nodes", f"Add node: {exc}", 400, at=at)
     return _component("nodes")
 
 
@@ -67,7 +84,7 @@ def remove_node(node_id: str):
     try:
         current_services().orchestrator.remove_node(node_id)
     except CommandRefused as exc:
-        return _component("nodes", str(exc), 409)
+        return _component("nodes", str(exc), 409, at=node_id)
     return _component("nodes")
 
 
@@ -80,13 +97,17 @@ def _context_length() -> int:
 @admin_required
 def preview_plan():
     """Preview shard plan: read-only, nothing starts."""
+    orch = current_services().orchestrator
+    before = orch.state.plan
     try:
         model, nodes = selection(request.form)
-        current_services().orchestrator.preview_plan(model, nodes, _context_length())
+        orch.preview_plan(model, nodes, _context_length())
     except (FormError, CommandRefused) as exc:
-        return _component("plan-preview", str(exc), 400)
-    orch = current_services().orchestrator
-    orch.wait(lambda st: st.plan is not None and st.plan.get("model_id") == model, 5)
+        return _refused_in_form(f"Preview shard plan: {exc}")
+    try:
+        orch.wait(lambda st: st.plan is not before, 5)  # answer with this preview, not the previous one
+    except TimeoutError:
+        pass  # the websocket brings it
     return _component("plan-preview")
 
 
@@ -98,7 +119,7 @@ def prepare():
         model, nodes = selection(request.form)
         current_services().orchestrator.prepare(model, nodes)
     except (FormError, CommandRefused) as exc:
-        return _component("prepare-status", str(exc), 400)
+        return _refused_in_form(f"Prepare on all nodes: {exc}")
     return _component("prepare-status")
 
 
@@ -110,7 +131,7 @@ def launch():
         model, nodes = selection(request.form)
         current_services().orchestrator.launch_cluster(model, nodes, _context_length())
     except (FormError, CommandRefused) as exc:
-        return _component("cluster-monitor", str(exc), 400)
+        return _refused_in_form(f"Launch cluster: {exc}")
     return _component("cluster-monitor")
 
 
@@ -123,5 +144,5 @@ def stop_session(session_id: str):
     try:
         current_services().orchestrator.stop_session(session_id)
     except CommandRefused as exc:
-        return _component(target, str(exc), 409)
+        return _component(target, str(exc), 409, at=session_id)
     return _component(target)

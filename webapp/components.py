@@ -14,7 +14,7 @@ from flask import render_template
 
 from orchestrator.control.state import State
 
-from .views import cluster, nodes, sessions, settings
+from .views import cluster, nodes, plan, sessions, settings
 from .views.context import ViewContext
 
 ALL = "*"
@@ -37,8 +37,9 @@ COMPONENTS: tuple[Component, ...] = (
               frozenset({"node_registered", "node_removed", "node_reported", "node_unreachable", "node_discovered",
                          "node_vanished", "session_created", "session_removed"})),
     Component("cluster-form", "components/cluster_form.html", cluster.form_view,
-              frozenset({"settings_changed", "node_registered", "node_removed", "node_reported", "node_unreachable"})),
-    Component("plan-preview", "components/plan_preview.html", cluster.plan_view, frozenset({"plan_previewed"})),
+              frozenset({"settings_changed", "node_registered", "node_removed", "node_reported", "node_unreachable",
+                         "plan_previewed", "preparation_started", "preparation_finished"})),
+    Component("plan-preview", "components/plan_preview.html", plan.plan_view, frozenset({"plan_previewed"})),
     Component("prepare-status", "components/prepare_status.html", cluster.prepare_view,
               frozenset({"preparation_started", "preparation_progressed", "preparation_finished"})),
     Component("cluster-monitor", "components/cluster_monitor.html", cluster.monitor_view,
@@ -51,10 +52,16 @@ COMPONENTS: tuple[Component, ...] = (
 BY_NAME = {c.name: c for c in COMPONENTS}
 
 
-def render(name: str, state: State, ctx: ViewContext, oob: bool = False) -> str:
-    """The component's HTML; `oob` marks it for an out-of-band swap (websocket pushes)."""
+def render(name: str, state: State, ctx: ViewContext, oob: bool = False, error: str | None = None,
+           error_at: str = "", form: Any = None) -> str:
+    """The component's HTML; `oob` marks it for an out-of-band swap (websocket pushes).
+
+    An action that was refused renders its component with `error` (shown next to the control
+    named by `error_at`) and the submitted `form`, so the user's input is kept to correct it.
+    """
     c = BY_NAME[name]
-    return render_template(c.template, component_id=c.name, oob=oob, ctx=ctx, **c.view(state, ctx))
+    return render_template(c.template, component_id=c.name, oob=oob, ctx=ctx, error=error, error_at=error_at,
+                           form=form, **c.view(state, ctx))
 
 
 def affected(kind: str, names: list[str]) -> list[str]:

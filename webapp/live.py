@@ -54,8 +54,12 @@ def register(app: Flask) -> None:
         orch = current_services().orchestrator
         ctx = view_context()
         q = orch.subscribe()
+        # What this socket last sent per component: a component is pushed again only when its
+        # HTML changed, so routine reports (a node's heartbeat) do not re-render forms under
+        # the user's hands.
+        sent = {n: render(n, orch.state, ctx, oob=True) for n in names}
         try:
-            ws.send("".join(render(n, orch.state, ctx, oob=True) for n in names))
+            ws.send("".join(sent.values()))
             while True:
                 try:
                     events = _drain(q, q.get(timeout=POLL))
@@ -64,8 +68,11 @@ def register(app: Flask) -> None:
                         return
                     continue
                 changed = [n for n in names if any(n in affected(e.kind, names) for e in events)]
-                if changed:
-                    ws.send("".join(render(n, orch.state, ctx, oob=True) for n in changed))
+                fresh = {n: render(n, orch.state, ctx, oob=True) for n in changed}
+                fresh = {n: html for n, html in fresh.items() if html != sent[n]}
+                if fresh:
+                    sent.update(fresh)
+                    ws.send("".join(fresh.values()))
         except ConnectionClosed:
             return
         finally:

@@ -29,6 +29,23 @@ class AgentError(Exception):
         self.status, self.message, self.code = status, message, code
 
 
+def transport_reason(exc: requests.RequestException) -> str:
+    """A short, readable reason for a failed request (not urllib3's nested repr)."""
+    text = str(exc)
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time (is the address right and the node up?)"
+    for needle, reason in (("Connection refused", "connection refused (is `pipeserve agent` running on that port?)"),
+                           ("Name or service not known", "unknown host name"),
+                           ("nodename nor servname", "unknown host name"),
+                           ("No route to host", "no route to host"),
+                           ("Network is unreachable", "network unreachable"),
+                           ("Connection reset", "connection reset"),
+                           ("RemoteDisconnected", "the agent closed the connection")):
+        if needle in text:
+            return reason
+    return text[:200]
+
+
 class AgentClient:
     """Talks to one agent at `base_url` ("http://host:port"), with the credential from pairing."""
 
@@ -52,7 +69,7 @@ class AgentClient:
             r = self._session.request(method, self.base_url + path, json=body, params=params, headers=headers,
                                       timeout=timeout or self.timeout)
         except requests.RequestException as exc:
-            raise AgentError(0, f"agent {self.base_url} unreachable: {exc}", "unreachable") from None
+            raise AgentError(0, f"agent {self.base_url} unreachable: {transport_reason(exc)}", "unreachable") from None
         try:
             data = r.json()
         except ValueError:

@@ -248,7 +248,8 @@ class Orchestrator:
                               plan_settings(state.settings, context_length, concurrency, manual_split))
         except PlanningError as exc:
             raise CommandRefused(str(exc)) from None
-        self.post(ev.PlanPreviewed(model_id=model_id, node_ids=tuple(node_ids), plan=result.model_dump(mode="json")))
+        self.post(ev.PlanPreviewed(model_id=model_id, node_ids=tuple(node_ids),
+                                   plan={"context_length": context_length, **result.model_dump(mode="json")}))
         return result
 
     def launch_cluster(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..agent.schemas import Report
-from .state import DiscoveredNode, Health, Node, NodePreparation, Phase, Preparation, Session, Settings, StageStatus, StepState
+from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, Preparation, Sample, Session, Settings,
+                    StageStatus, StepState)
 
 
 class Event(BaseModel):
@@ -105,11 +106,13 @@ class SessionRegistered(Event):
 
 
 class SessionObserved(Event):
-    """The watcher's latest look at a session's processes and coordinator."""
+    """The watcher's latest look at a session's processes and coordinator; posted only when
+    something changed. `sample` is set when the throughput or a step latency did."""
 
     kind: Literal["session_observed"] = "session_observed"
     session_id: str
     stage_status: tuple[StageStatus, ...]
+    sample: Sample | None = None
 
 
 class SessionFaulted(Event):

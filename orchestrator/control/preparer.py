@@ -74,7 +74,7 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
                 targets[n].fetch_from_peer(model_id, peer, manifest)
                 downloading[n] = peer_id
                 post(ev.PreparationProgressed(node=st.model_copy(update={
-                    "status": "downloading", "source": names.get(peer_id, peer_id),
+                    "status": "downloading", "verdict": st.status, "source": names.get(peer_id, peer_id),
                     "detail": f"{'replacing mismatched files' if st.status == 'mismatch' else 'copying'} "
                               f"from {names.get(peer_id, peer_id)}"})))
         deadline = time.monotonic() + timeout_s
@@ -84,7 +84,8 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
             time.sleep(poll_s)
             for n in list(downloading):
                 info = targets[n].progress(model_id)
-                node = NodePreparation(node_id=n, status="downloading", done_bytes=info.done_bytes,
+                node = NodePreparation(node_id=n, status="downloading", verdict=states[n].status,
+                                       done_bytes=info.done_bytes,
                                        total_bytes=info.total_bytes, rate_bps=info.rate_bps,
                                        source=names.get(downloading[n], downloading[n]),
                                        detail=info.current_file or "")
@@ -94,6 +95,7 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
                 del downloading[n]
                 if info.state == "done":
                     node = _check(n, model_id, targets[n], manifest)  # verified again, by the node itself
+                    node = node.model_copy(update={"verdict": states[n].status})
                 else:
                     node = node.model_copy(update={"status": "failed", "detail": info.error or info.state})
                 post(ev.PreparationProgressed(node=node))
@@ -117,6 +119,6 @@ def _check(node_id: str, model_id: str, client: AgentClient, manifest: Manifest)
     detail = result.message
     if result.mismatched:
         detail = f"differs: {', '.join(result.mismatched[:5])}"
-    return NodePreparation(node_id=node_id, status=STATUS[result.status], detail=detail,
+    return NodePreparation(node_id=node_id, status=STATUS[result.status], verdict=STATUS[result.status], detail=detail,
                            total_bytes=manifest.total_bytes,
                            done_bytes=manifest.total_bytes if result.status == "present" else 0)

@@ -84,6 +84,16 @@ class StageStatus(_Frozen):
     detail: str = ""
 
 
+class Sample(_Frozen):
+    """One look at a running session, for the live charts: throughput and per-stage step latency."""
+
+    at: float  # wall-clock seconds (time.time()) of the observation
+    tokens_per_s: float | None = None  # generated tokens/s since the previous look; None when unknown
+    step_ms: tuple[float | None, ...] = ()  # per stage, in stage order
+
+
+SAMPLES = 60  # samples kept per session: about 30 s at the watcher's two looks a second
+
 Health = Literal["Starting", "Healthy", "Unhealthy", "Stopped"]
 Phase = Literal["launching", "running", "stopping", "stopped", "failed"]
 
@@ -105,6 +115,7 @@ class Session(_Frozen):
     reason: str = ""
     timeline: tuple[Step, ...] = ()
     stage_status: tuple[StageStatus, ...] = ()
+    samples: tuple[Sample, ...] = ()  # the last SAMPLES changed looks, oldest first (not persisted)
     registered: bool = False
     created_at: float = 0.0
     transport_fallback: str = ""  # e.g. "rdma unavailable: using tcp"
@@ -132,6 +143,9 @@ class NodePreparation(_Frozen):
 
     node_id: str
     status: PrepareStatus = "checking"
+    # The node's classification before any copy (present / needs_download / mismatch), kept
+    # while it downloads so the dashboard can still say why it is copying.
+    verdict: PrepareStatus | None = None
     detail: str = ""
     done_bytes: int = 0
     total_bytes: int = 0

@@ -44,7 +44,7 @@ def save(state_dir: Path, state: State) -> None:
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = Persisted(settings=state.settings, nodes=[n.model_copy(update={"report": None}) for n in state.nodes],
-                    sessions=list(state.sessions))
+                    sessions=[s.model_copy(update={"samples": ()}) for s in state.sessions])  # charts: live only
     data = doc.model_dump_json(indent=1).encode()
     # model_dump_json excludes nothing by repr=False, so the credential is in the file: owner-only.
     fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".control-", suffix=".json")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import events as ev
-from .state import Node, Preparation, Session, State
+from .state import SAMPLES, Node, Preparation, Session, State
 
 
 HISTORY = 5  # ended sessions kept for the monitor
@@ -23,6 +23,14 @@ def _step(session: Session, key: str, step_state: str, detail: str) -> Session:
     steps = tuple(st.model_copy(update={"state": step_state, "detail": detail or st.detail}) if st.key == key else st
                   for st in session.timeline)
     return session.model_copy(update={"timeline": steps})
+
+
+def _observed(session: Session, e: ev.SessionObserved) -> Session:
+    """A session after a look: its stage status, and the sample appended (the last SAMPLES kept)."""
+    update: dict[str, object] = {"stage_status": e.stage_status}
+    if e.sample is not None:
+        update["samples"] = (session.samples + (e.sample,))[-SAMPLES:]
+    return session.model_copy(update=update)
 
 
 def apply(state: State, event: ev.Event) -> State:
@@ -81,7 +89,9 @@ def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per ev
     if isinstance(e, ev.SessionRegistered):
         return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"registered": e.registered}))
     if isinstance(e, ev.SessionObserved):
-        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"stage_status": e.stage_status}))
+        if state.session(e.session_id) is None:
+            return state
+        return _replace_session(state, e.session_id, lambda s: _observed(s, e))
     if isinstance(e, ev.SessionFaulted):
         s = state.session(e.session_id)
         if s is None or s.phase != "running":

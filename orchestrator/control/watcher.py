@@ -1,8 +1,9 @@
 """The watcher: renews leases, observes every live session and every node (the I/O edge).
 
 Every `interval` it reads the orchestrator's latest snapshot, asks each node's agent about
-its engine processes and each running session's coordinator about its pipeline, and posts
-what it saw. Judging what it means (Unhealthy, teardown) is the orchestrator's job.
+its engine processes and each running session's coordinator about its pipeline (GET /health)
+and its token counter (GET /metrics, for the tokens/s chart), and posts what it saw — only
+when something changed. Judging what it means (Unhealthy, teardown) is the orchestrator's job.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import requests
 from ..agent.client import AgentClient, AgentError
 from ..agent.schemas import ProcessInfo
 from . import events as ev
+from .sampling import TOKENS_METRIC, Reading, metric_value, recent_rate, remember, same_reading, sample
 from .state import Session, StageStatus, State
 
 Post = Callable[[ev.Event], None]
@@ -67,6 +69,7 @@ class Watcher:
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="watch")
         self._last_lease = 0.0
         self._last_report = 0.0
+        self._tokens: dict[str, tuple[Reading, ...]] = {}  # session id -> recent token counter readings
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -98,6 +101,7 @@ class Watcher:
         running = [s for s in state.sessions if s.phase == "running"]
         node_ids = {nid for s in running for nid in s.node_ids}
         listed = dict(zip(node_ids, self._pool.map(self._processes, node_ids)))
+        self._tokens = {k: v for k, v in self._tokens.items() if any(s.id == k for s in running)}
         for s in running:
             self._observe(s, listed)
         if now - self._last_report >= self.report_every:
@@ -135,10 +139,23 @@ class Watcher:
         except (requests.RequestException, ValueError) as exc:
             error = str(exc)
         statuses, problem = judge(s, processes, coordinator, error)
-        if statuses != s.stage_status:
-            self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses))
+        readings = remember(self._tokens.get(s.id, ()), self._read_tokens(s) if coordinator is not None else None)
+        self._tokens[s.id] = readings
+        look = sample(time.time(), recent_rate(readings), statuses)
+        fresh = not same_reading(s.samples[-1] if s.samples else None, look)
+        if fresh or statuses != s.stage_status:
+            self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=look if fresh else None))
         if problem:
             self._post(ev.SessionFaulted(session_id=s.id, reason=problem))
+
+    def _read_tokens(self, s: Session) -> Reading | None:
+        """The coordinator's generated-token counter and when it was read (None if unreadable)."""
+        try:
+            r = requests.get(s.url + "/metrics", timeout=1.0)
+            value = metric_value(r.text, TOKENS_METRIC) if r.status_code == 200 else None
+        except requests.RequestException:
+            return None
+        return None if value is None else (time.monotonic(), value)
 
     def _report(self, node_id: str) -> None:
         agent = self._agents(node_id)

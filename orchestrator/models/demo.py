@@ -152,6 +152,32 @@ def import_demo_model(
     return Path(out_dir)
 
 
+def cache_key() -> str:
+    """Changes whenever the converter's code or the pinned wheel does, so a cached import
+    made by older code is never reused."""
+    from orchestrator.models import files
+
+    digest = hashlib.sha256(WHEEL_SHA256.encode())
+    for module_file in (__file__, files.__file__, gguf.__file__):
+        digest.update(Path(module_file).read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cached_demo_model(dtype: str = "float32", progress: gguf.Progress | None = None) -> Path:
+    """The demo model imported once into the pipeserve cache (`cache_root()`), reused by later
+    calls (the demo, the tests); imports made by older converter code are removed. Read-only
+    for callers: copy it, never write into it."""
+    root = cache_root()
+    path = root / f"demo-model-{dtype}-{cache_key()}"
+    # The import appears by atomic rename, so an existing config.json means a complete copy.
+    if not (path / "config.json").is_file():
+        import_demo_model(path, dtype=dtype, progress=progress, overwrite=True)
+    for stale in root.glob(f"demo-model-{dtype}-*"):
+        if stale != path and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+    return path
+
+
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path

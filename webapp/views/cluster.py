@@ -6,6 +6,7 @@ from typing import Any
 
 from orchestrator.control.state import Session, State
 
+from .charts import throughput_chart
 from .context import ViewContext
 from .format import percent, rate, size
 from .sessions import stage_rows
@@ -38,31 +39,23 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     common = max(set(families), key=families.count) if families else None
     nodes = [{"id": n.id, "name": n.name, "support": _support(n, common),
               "free_memory": size(n.report.memory.free_bytes) if n.report else "–"} for n in state.nodes]
+    chosen_model, chosen_nodes, context = _current_choice(state)
     return {"enabled": state.settings.distributed_enabled, "models": sorted(models.values(), key=lambda m: m["id"]),
-            "nodes": nodes}
+            "nodes": nodes, "unsupported": [m for m in models.values() if not m["supported"]],
+            "selected_model": chosen_model, "selected_nodes": chosen_nodes, "context": context,
+            "launch_ready": state.preparation is not None and state.preparation.ready}
 
 
-def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
-    """The last previewed plan: per node layers and a memory-fit bar, warnings or refusals."""
-    plan = state.plan
-    if plan is None:
-        return {"plan": None}
-    stages = []
-    for s in plan.get("stages", []):
-        free = max(1, s.get("free_bytes") or 1)
-        parts = [("weights", s.get("weight_bytes", 0)), ("kv", s.get("kv_cache_bytes", 0)),
-                 ("overhead", s.get("overhead_bytes", 0))]
-        stages.append({
-            "stage": s["stage"], "node": s["node_name"], "layers": f"{s['first_layer']}–{s['last_layer']}",
-            "bars": [{"kind": k, "bytes": size(v), "percent": min(100.0, 100 * v / free)} for k, v in parts],
-            "total": size(s.get("total_bytes")), "free": size(s.get("free_bytes")),
-            "fits": (s.get("total_bytes") or 0) <= (s.get("free_bytes") or 0),
-            "fit_percent": round(100 * (s.get("fit_fraction") or 0)),
-        })
-    issues = plan.get("warnings", []) if plan.get("kind") == "plan" else plan.get("reasons", [])
-    return {"plan": {"kind": plan.get("kind"), "model": plan.get("model_id"), "stages": stages,
-                     "issues": [i.get("message", "") for i in issues],
-                     "context": (plan.get("settings") or {}).get("context_length")}}
+def _current_choice(state: State) -> tuple[str | None, list[str], int]:
+    """What the form shows as chosen: the model, nodes and context of the latest plan, else of
+    the preparation (so every viewer sees what the plan, bars and timeline are about)."""
+    plan, prep = state.plan, state.preparation
+    if plan is not None:
+        context = plan.get("context_length") or (plan.get("settings") or {}).get("context_length") or 4096
+        return plan.get("model_id"), list(plan.get("node_ids") or []), int(context)
+    if prep is not None:
+        return prep.model_id, [n.node_id for n in prep.nodes], 4096
+    return None, [], 4096
 
 
 def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -72,11 +65,16 @@ def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
         return {"prep": None}
     names = {n.id: n.name for n in state.nodes}
     rows = [{"node": names.get(p.node_id, p.node_id), "status": p.status, "label": PREPARE_LABELS[p.status],
+             # while copying, why it copies (Needs download / Mismatch) stays in view
+             "verdict": p.verdict if p.status == "downloading" and p.verdict not in (None, "downloading") else None,
+             "verdict_label": PREPARE_LABELS.get(p.verdict or "", ""),
              "detail": p.detail, "percent": percent(p.done_bytes, p.total_bytes),
-             "bytes": f"{size(p.done_bytes)} / {size(p.total_bytes)}", "rate": rate(p.rate_bps), "source": p.source}
+             "bytes": f"{size(p.done_bytes)} / {size(p.total_bytes)}", "rate": rate(p.rate_bps), "source": p.source,
+             "copied": p.status == "present" and p.verdict in ("needs_download", "mismatch")}
             for p in prep.nodes]
     return {"prep": {"model": prep.model_id, "rows": rows, "finished": prep.finished, "ready": prep.ready,
-                     "error": prep.error}}
+                     "error": prep.error, "present": sum(p.status == "present" for p in prep.nodes),
+                     "total": len(prep.nodes)}}
 
 
 def current_cluster(state: State) -> Session | None:
@@ -96,4 +94,22 @@ def monitor_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     return {"session": {"id": s.id, "name": s.name, "model": s.model_name, "health": s.health, "phase": s.phase,
                         "reason": s.reason, "url": s.url, "fallback": s.transport_fallback,
                         "timeline": [{"label": t.label, "state": t.state, "detail": t.detail} for t in s.timeline],
-                        "stages": stage_rows(s), "live": s.phase in ("launching", "running")}}
+                        "launch": launch_summary(s),
+                        "stages": stage_rows(s), "live": s.phase in ("launching", "running"),
+                        "throughput": throughput_chart(s),
+                        # charts and stage cards once something ran; a launch that failed shows its timeline
+                        "observed": bool(s.samples) or any(st.alive is not None for st in s.stage_status)
+                        or s.phase in ("running", "stopping")}}
+
+
+def launch_summary(s: Session) -> dict[str, Any]:
+    """How far the launch got: steps done of all, the running step, and after a failure the
+    failed step and what was rolled back (pure)."""
+    steps = s.timeline
+    failed = next((t for t in steps if t.state == "failed"), None)
+    running = next((t for t in steps if t.state == "running"), None)
+    return {"done": sum(t.state == "done" for t in steps), "total": len(steps),
+            "running": running.label if running else None,
+            "failed": failed.label if failed else None, "failed_detail": failed.detail if failed else "",
+            "rolled_back": [t.label for t in steps if t.state == "rolled_back"],
+            "skipped": sum(t.state == "skipped" for t in steps)}

@@ -6,12 +6,14 @@ from typing import Any
 
 from orchestrator.control.state import Session, State
 
+from .charts import step_chart, throughput_chart
 from .context import ViewContext
 
 
 def stage_rows(s: Session) -> list[dict[str, Any]]:
     """Per-stage breakdown shared by the live monitor and the Cluster stages tab."""
     rows = []
+    ended = s.phase in ("stopped", "failed")  # what was last seen is history: the processes are gone
     for st in s.stages:
         status = s.stage_status[st.index] if st.index < len(s.stage_status) else None
         rows.append({
@@ -19,8 +21,9 @@ def stage_rows(s: Session) -> list[dict[str, Any]]:
             "port": st.port,
             "alive": None if status is None else status.alive,
             "listening": None if status is None else status.port_listening,
-            "step_ms": None if status is None or status.step_ms is None else round(status.step_ms, 2),
+            "step_ms": None if status is None or status.step_ms is None or ended else round(status.step_ms, 2),
             "detail": "" if status is None else status.detail,
+            "chart": step_chart(s, st.index), "ended": ended,
         })
     return rows
 
@@ -29,6 +32,7 @@ def session_row(s: Session) -> dict[str, Any]:
     """One Sessions row."""
     return {"id": s.id, "name": s.name, "model": s.model_name, "cluster": s.cluster, "health": s.health,
             "phase": s.phase, "reason": s.reason, "url": s.url, "stages": stage_rows(s),
+            "throughput": throughput_chart(s), "config": s.config_toml,
             "nodes": ", ".join(dict.fromkeys(st.node_name for st in s.stages))}
 
 

@@ -1,0 +1,1 @@
+"""Browser tests: the dashboard in real Chromium, over real processes."""

@@ -1,0 +1,86 @@
+"""The watcher posts a look only when something changed (no identical renders pushed), with
+tokens/s from the coordinator's /metrics; fakes stand in for the agent and the coordinator."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.agent.schemas import ProcessInfo
+from orchestrator.control import events as ev
+from orchestrator.control import watcher as watcher_module
+from orchestrator.control.state import State
+from orchestrator.control.transitions import apply
+from orchestrator.control.watcher import Watcher
+
+from .test_sampling import session
+
+
+class FakeResponse:
+    def __init__(self, status: int, body: object) -> None:
+        self.status_code, self._body = status, body
+
+    def json(self) -> object:
+        return self._body
+
+    @property
+    def text(self) -> str:
+        return str(self._body)
+
+
+@pytest.fixture
+def coordinator(monkeypatch):
+    """What the fake coordinator answers: its token counter and per-stage step_ms."""
+    world = {"tokens": 0, "step_ms": [10.0, 20.0], "metrics": True}
+
+    def get(url: str, timeout: float = 0) -> FakeResponse:
+        if url.endswith("/health"):
+            return FakeResponse(200, {"status": "ready", "stages": [
+                {"id": f"stage-{i}", "state": "up", "step_ms": ms} for i, ms in enumerate(world["step_ms"])]})
+        if not world["metrics"]:
+            raise watcher_module.requests.ConnectionError("refused")
+        return FakeResponse(200, f"# TYPE pipeserve_generated_tokens_total counter\n"
+                                 f"pipeserve_generated_tokens_total {world['tokens']}\n")
+
+    monkeypatch.setattr(watcher_module.requests, "get", get)
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(watcher_module.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(watcher_module.time, "time", lambda: clock["t"])
+    world["clock"] = clock
+    return world
+
+
+def processes(s) -> dict:
+    def info(node_id: str, port: int) -> ProcessInfo:
+        return ProcessInfo(cluster_id=s.id, node_id=node_id, kind="stage", model_id="m", pid=1, alive=True, port=port,
+                           port_listening=True, started_at=0, uptime_s=1, lease_remaining_s=10)
+    return {"n0": [info("stage-0", 40000), info("coordinator", 40010)], "n1": [info("stage-1", 40001)]}
+
+
+def test_only_changes_are_posted_and_tokens_per_second_comes_from_the_counter(coordinator):
+    posted: list[ev.Event] = []
+    state = {"st": State(sessions=(session(),))}
+    w = Watcher(lambda: state["st"], lambda n: None, posted.append)
+
+    def look(advance: float = 0.5, tokens: int = 0) -> list[ev.Event]:
+        coordinator["clock"]["t"] += advance
+        coordinator["tokens"] += tokens
+        posted.clear()
+        w._observe(state["st"].session("s1"), processes(state["st"].session("s1")))
+        for e in posted:
+            state["st"] = apply(state["st"], e)
+        return [e for e in posted if isinstance(e, ev.SessionObserved)]
+
+    first = look()
+    assert len(first) == 1 and first[0].sample.tokens_per_s is None and first[0].sample.step_ms == (10.0, 20.0)
+    second = look()
+    assert second[0].sample.tokens_per_s == 0.0  # idle, now known
+    assert look() == [] and look() == []  # nothing changed: nothing pushed
+    busy = look(tokens=10)
+    assert busy[0].sample.tokens_per_s > 0
+    coordinator["step_ms"] = [11.0, 20.0]
+    changed = look(tokens=10)
+    assert changed[0].sample.step_ms == (11.0, 20.0)
+    samples = state["st"].session("s1").samples
+    assert [x.tokens_per_s for x in samples][:2] == [None, 0.0] and len(samples) == 4
+    coordinator["metrics"] = False  # /metrics unreadable: the rate is unknown again, not a stale number
+    assert look()[0].sample.tokens_per_s is None

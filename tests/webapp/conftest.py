@@ -1,0 +1,90 @@
+"""Web-layer fixtures: a real Orchestrator on a temporary state dir (no agents), the Flask app
+around it, and clients logged in as admin, as viewer, or not at all."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from orchestrator.control.core import Orchestrator
+from orchestrator.registrar import ConfigFileRegistrar
+from webapp import create_app
+from webapp.auth import AuthStore
+
+from .states import rich_state
+
+
+@dataclass
+class Web:
+    """The app, its orchestrator and credentials."""
+
+    app: Flask
+    orch: Orchestrator
+    auth: AuthStore
+    admin_token: str
+    viewer_token: str
+
+    def client(self, role: str | None = None) -> FlaskClient:
+        """A test client: "admin", "viewer" (each logged in) or None (anonymous)."""
+        c = self.app.test_client()
+        if role == "admin":
+            assert c.post("/login", data={"token": self.admin_token}).status_code == 302
+        elif role == "viewer":
+            assert c.get(f"/viewer/{self.viewer_token}").status_code == 302
+        return c
+
+
+def csrf_of(client: FlaskClient) -> str:
+    """The CSRF token of a logged-in client's session."""
+    with client.session_transaction() as s:
+        return s["csrf"]
+
+
+def make_web(tmp_path: Path, orch: Orchestrator) -> Web:
+    auth = AuthStore(tmp_path / "state")
+    admin = auth.ensure_admin_token()
+    _, viewer = auth.mint_viewer("test screen")
+    app = create_app(orch, auth, "http://127.0.0.1:9")
+    app.testing = True
+    return Web(app, orch, auth, admin, viewer)
+
+
+@pytest.fixture
+def web(tmp_path: Path) -> Iterator[Web]:
+    """A started orchestrator (its thread and watcher run; no nodes yet)."""
+    (tmp_path / "router.yaml").write_text("backends: []\n")
+    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml")).start()
+    yield make_web(tmp_path, orch)
+    orch.stop()
+
+
+@pytest.fixture
+def rich(tmp_path: Path) -> Web:
+    """An orchestrator that is never started, holding a hand-made state with everything in it
+    (nodes, a discovered node, a plan, a preparation, a running cluster with samples, an
+    ended one): for rendering every component."""
+    (tmp_path / "router.yaml").write_text("backends: []\n")
+    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml"))
+    orch._state = rich_state()
+    return make_web(tmp_path, orch)
+
+
+def buttons(html: str) -> list[tuple[str, bool]]:
+    """Every <button>'s text and whether it is disabled (itself or by a disabled fieldset)."""
+    out, depth = [], []
+    for m in re.finditer(r"<(/?)(fieldset|button)\b([^>]*)>(.*?)(?=<)", html, re.S):
+        closing, tag, attrs, text = m.groups()
+        if tag == "fieldset":
+            if closing:
+                depth.pop()
+            else:
+                depth.append(bool(re.search(r"\bdisabled\b", attrs)))
+        elif not closing:
+            out.append((text.strip(), any(depth) or bool(re.search(r"\bdisabled\b", attrs))))
+    return out

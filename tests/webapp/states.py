@@ -1,0 +1,88 @@
+"""A hand-made control-plane State with every kind of content, for rendering tests (pure)."""
+
+from __future__ import annotations
+
+from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
+from orchestrator.control.launcher import timeline
+from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, Sample, Session, Settings,
+                                        StagePlacement, StageStatus, State)
+
+MB = 1_000_000
+
+
+def report(name: str, fingerprint: str, models: list[str], free: int = 900 * MB) -> Report:
+    """A node's report as its agent would send it."""
+    return Report(name=name, fingerprint=fingerprint, version="0.1.0",
+                  accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={"mlx": "0.32.4"},
+                  platform={"system": "Linux"},
+                  memory=Memory(total_bytes=free, available_bytes=free, budget_bytes=free, processes_rss_bytes=0,
+                                free_bytes=free),
+                  disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(range(39600, 39630))),
+                  models=[ModelInfo(id=m, mlx_format=not m.endswith(".gguf"), num_layers=30, total_bytes=540 * MB,
+                                    reason=None if not m.endswith(".gguf") else "GGUF file, not an MLX directory")
+                          for m in models],
+                  processes=[], downloads=[])
+
+
+def node(name: str, fid: str, models: list[str], reachable: bool = True) -> Node:
+    """A registered node with a credential that must never be shown."""
+    return Node(id=fid, name=name, url=f"http://10.0.0.{len(name)}:39500", credential=f"secret-credential-{fid}",
+                status="reachable" if reachable else "unreachable", error=None if reachable else "connection refused",
+                report=report(name, fid, models))
+
+
+def plan(kind: str = "plan") -> dict:
+    """The planner's JSON for a 2-stage plan (or the refused attempt)."""
+    def stage(i: int, first: int, last: int, free: int) -> dict:
+        return {"stage": i, "node_id": f"n{i}", "node_name": f"node-{'ab'[i]}", "host": "10.0.0.1",
+                "first_layer": first, "last_layer": last, "holds_embedding": True, "holds_head": i == 1,
+                "runs_coordinator": i == 0, "weight_bytes": 350 * MB, "kv_cache_bytes": 200 * MB,
+                "overhead_bytes": 250 * MB, "total_bytes": 800 * MB, "free_bytes": free,
+                "fit_fraction": 800 * MB / free, "token_bytes": 1, "transport_port": 39601 + i}
+    doc = {"model_id": "smol", "node_ids": ["n0", "n1"], "context_length": 2048, "kind": kind, "model": "smol",
+           "stages": [stage(0, 0, 16, 900 * MB), stage(1, 17, 29, 600 * MB if kind != "plan" else 900 * MB)]}
+    if kind == "plan":
+        doc["warnings"] = [{"code": "imbalanced", "message": "stage 1 does most of the work"}]
+    else:
+        doc["reasons"] = [{"code": "stage_does_not_fit", "message": "stage 1 needs 800 MB, node-b has 600 MB free"}]
+    return doc
+
+
+def cluster(sid: str = "s1", phase: str = "running", health: str = "Healthy") -> Session:
+    """A 2-stage cluster session with a launch timeline and ~20 s of samples."""
+    stages = tuple(StagePlacement(index=i, node_id=f"n{i}", node_name=f"node-{'ab'[i]}", first_layer=a, last_layer=b,
+                                  host="10.0.0.1", port=39601 + i) for i, (a, b) in enumerate([(0, 16), (17, 29)]))
+    s = Session(id=sid, name=f"smol-2stage-{sid}", model_id="smol", model_name="smol", cluster=True, stages=stages,
+                coordinator_node="n0", coordinator_host="10.0.0.1", coordinator_port=39610, phase=phase,
+                health=health, reason="serving", config_toml="[cluster]\nname = \"smol-2stage\"\n")
+    steps = tuple(st.model_copy(update={"state": "done"}) for st in timeline(s))
+    samples = tuple(Sample(at=1000.0 + k / 2, tokens_per_s=float(k % 7), step_ms=(20.0 + k % 3, 30.0))
+                    for k in range(40))
+    status = (StageStatus(alive=True, port_listening=True, step_ms=21.0),
+              StageStatus(alive=True, port_listening=True, step_ms=30.0))
+    return s.model_copy(update={"timeline": steps, "samples": samples, "stage_status": status})
+
+
+def failed_cluster() -> Session:
+    """A launch that failed at stage 1's transport and rolled back stage 0."""
+    s = cluster("s0", phase="failed", health="Stopped")
+    states = ["rolled_back", "rolled_back", "rolled_back", "failed", "skipped", "skipped", "skipped"]
+    steps = tuple(st.model_copy(update={"state": state,
+                                        "detail": "Address already in use" if state == "failed" else ""})
+                  for st, state in zip(s.timeline, states))
+    return s.model_copy(update={"timeline": steps, "samples": (), "stage_status": (),
+                                "reason": "launch failed at “Stage 1 transport listening on port 39602”"})
+
+
+def rich_state() -> State:
+    """Every component has something to show."""
+    nodes = (node("node-a", "n0", ["smol", "big.gguf"]), node("node-b", "n1", []),
+             node("node-c", "n2", [], reachable=False))
+    prep = Preparation(model_id="smol", finished=False, nodes=(
+        NodePreparation(node_id="n0", status="present", verdict="present", done_bytes=540 * MB, total_bytes=540 * MB),
+        NodePreparation(node_id="n1", status="downloading", verdict="needs_download", done_bytes=200 * MB,
+                        total_bytes=540 * MB, rate_bps=100 * MB, source="node-a")))
+    return State(settings=Settings(distributed_enabled=True), nodes=nodes,
+                 discovered=(DiscoveredNode(fingerprint="d1", name="node-d", url="http://10.0.0.9:39500",
+                                            accelerator="linux-cpu"),),
+                 sessions=(cluster(),), history=(failed_cluster(),), preparation=prep, plan=plan(), version=7)

@@ -1,0 +1,87 @@
+"""Actions' answers: validation messages next to the control, the user's input kept, nothing changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Web, csrf_of
+
+GOOD = {"distributed_enabled": "on", "transport_backend": "tcp", "port_start": "39600", "port_end": "39629"}
+
+
+def post(web: Web, path: str, data: dict, **headers: str):
+    admin = web.client("admin")
+    return admin.post(path, data=data, headers={"X-CSRF-Token": csrf_of(admin), "HX-Request": "true", **headers})
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"port_start": "39700", "port_end": "39600"}, "Transport port range: the start must not exceed the end"),
+    ({"port_start": "abc"}, "Transport port range start: enter a whole number"),
+    ({"port_end": "70000"}, "Transport port range end: must be between 1024 and 65535"),
+    ({"port_start": "80"}, "Transport port range start: must be between 1024 and 65535"),
+    ({"port_start": "39600", "port_end": "39602"}, "Transport port range: needs at least 4 ports for 2 stages"),
+    ({"transport_backend": "carrier-pigeon"}, "Default transport backend: unknown value 'carrier-pigeon'"),
+])
+def test_settings_validation_says_what_is_wrong_keeps_the_input_and_saves_nothing(web: Web, change: dict,
+                                                                                   message: str):
+    version = web.orch.state.version
+    r = post(web, "/settings/distributed", {**GOOD, **change})
+    html = r.get_data(as_text=True)
+    assert r.status_code == 400 and message in html.replace("&#39;", "'")
+    assert 'id="settings-form"' in html and 'role="alert"' in html and 'data-touched="1"' in html
+    for value in change.values():
+        assert f'value="{value}"' in html or f'value="{value}" selected' in html or value == "carrier-pigeon"
+    assert web.orch.state.version == version and not web.orch.state.settings.distributed_enabled
+
+
+def test_valid_settings_are_saved_and_confirmed(web: Web):
+    r = post(web, "/settings/distributed", {**GOOD, "transport_backend": "rdma", "port_start": "40000",
+                                              "port_end": "40009"})
+    assert r.status_code == 200
+    assert "Saved: distributed serving on, rdma, ports 40000–40009." in r.get_data(as_text=True)
+    s = web.orch.state.settings
+    assert s.distributed_enabled and s.transport_backend == "rdma" and (s.port_start, s.port_end) == (40000, 40009)
+
+
+@pytest.mark.parametrize("path", ["/cluster/plan", "/cluster/prepare", "/cluster/launch"])
+def test_cluster_actions_refused_show_the_message_under_the_buttons_with_the_selection_kept(web: Web, path: str):
+    version = web.orch.state.version
+    r = post(web, path, {"model": "smol", "nodes": ["only-one"], "context_length": "2048"})
+    html = r.get_data(as_text=True)
+    assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-form"
+    assert 'id="cluster-form"' in html and "Select at least 2 nodes" in html
+    assert 'value="2048"' in html and 'data-touched="1"' in html
+    assert web.orch.state.version == version
+
+
+def test_bad_context_length_and_unknown_nodes_are_explained(web: Web):
+    r = post(web, "/cluster/plan", {"model": "smol", "nodes": ["a", "b"], "context_length": "12"})
+    assert r.status_code == 400 and "Context length: must be between 256 and 131072" in r.get_data(as_text=True)
+    r = post(web, "/cluster/prepare", {"model": "smol", "nodes": ["a", "b"]})
+    assert r.status_code == 400 and "unknown nodes: a, b" in r.get_data(as_text=True)
+    r = post(web, "/cluster/launch", {"model": "smol", "nodes": ["a", "b"]})
+    assert r.status_code == 400 and "prepare the model on every selected node first" in r.get_data(as_text=True)
+
+
+def test_add_node_refusals_keep_the_address_next_to_the_form(web: Web):
+    r = post(web, "/nodes", {"address": "10.1.2.3:39500", "token": ""})
+    html = r.get_data(as_text=True)
+    assert r.status_code == 400 and "both the address and the pairing token are needed" in html
+    assert 'value="10.1.2.3:39500"' in html
+    r = post(web, "/nodes", {"address": "no-port-here", "token": "t"})
+    assert r.status_code == 400 and "expected host:port of a node agent" in r.get_data(as_text=True)
+    assert web.orch.state.nodes == ()
+
+
+def test_stopping_an_unknown_session_is_409_and_removing_an_unknown_node_too(web: Web):
+    r = post(web, "/sessions/nope/stop", {})
+    assert r.status_code == 409 and "no live session 'nope'" in r.get_data(as_text=True).replace("&#39;", "'")
+    r = post(web, "/nodes/nope/remove", {})
+    assert r.status_code == 409
+
+
+def test_an_unreachable_agent_is_explained_in_words(web: Web):
+    r = post(web, "/nodes", {"address": "127.0.0.1:1", "token": "t"})
+    html = r.get_data(as_text=True)
+    assert r.status_code == 400 and "connection refused (is `pipeserve agent` running on that port?)" in html
+    assert "HTTPConnectionPool" not in html

@@ -1,0 +1,58 @@
+"""The shard plan preview (pure): per stage its layers and a memory-fit bar, and the plan's
+warnings or refusal reasons in words."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.control.state import State
+
+from .context import ViewContext
+from .format import size
+
+PARTS = (("weights", "weight_bytes", "weights"), ("kv", "kv_cache_bytes", "KV cache"),
+         ("overhead", "overhead_bytes", "overhead"))
+
+
+def fit_bar(weights: int, kv: int, overhead: int, free: int) -> dict[str, Any]:
+    """A memory-fit bar: weights, KV cache and overhead against the node's free memory.
+
+    The bar spans the larger of what the stage needs and what the node has free, so a stage
+    that does not fit shows how far it overshoots the free-memory mark. Percentages are of
+    that span; `used_percent` is the need as a share of the free memory.
+    """
+    total = weights + kv + overhead
+    span = max(total, free, 1)
+    values = {"weights": weights, "kv": kv, "overhead": overhead}
+    segments = [{"kind": kind, "label": label, "bytes": size(values[kind]),
+                 "percent": round(100 * values[kind] / span, 2)} for kind, _, label in PARTS]
+    fits = total <= free
+    return {"segments": segments, "free_percent": round(100 * free / span, 2), "fits": fits,
+            "total": size(total), "free": size(free), "used_percent": round(100 * total / free) if free else None,
+            "headroom": size(free - total) if fits else None, "short": None if fits else size(total - free)}
+
+
+def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """The last previewed plan (shown to every viewer): a layer map, one fit bar per stage,
+    warnings (a plan) or reasons (a refusal)."""
+    plan = state.plan
+    if plan is None:
+        return {"plan": None}
+    raw = plan.get("stages", [])
+    layers_total = max((s["last_layer"] for s in raw), default=-1) + 1
+    stages = []
+    for s in raw:
+        count = s["last_layer"] - s["first_layer"] + 1
+        stages.append({
+            "stage": s["stage"], "node": s["node_name"], "layers": f"{s['first_layer']}–{s['last_layer']}",
+            "layer_count": count, "map_percent": round(100 * count / layers_total, 2) if layers_total else 0,
+            "coordinator": bool(s.get("runs_coordinator")), "port": s.get("transport_port"),
+            "bar": fit_bar(s.get("weight_bytes") or 0, s.get("kv_cache_bytes") or 0, s.get("overhead_bytes") or 0,
+                           s.get("free_bytes") or 0),
+        })
+    refused = plan.get("kind") != "plan"
+    issues = plan.get("reasons", []) if refused else plan.get("warnings", [])
+    context = plan.get("context_length") or (plan.get("settings") or {}).get("context_length")
+    return {"plan": {"kind": plan.get("kind"), "refused": refused, "model": plan.get("model_id"),
+                     "context": context, "stages": stages, "layers_total": layers_total,
+                     "issues": [i.get("message", "") for i in issues]}}
