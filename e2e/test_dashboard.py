@@ -19,21 +19,11 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from orchestrator.demo import MODEL_ID
+from tests.support.wait import wait_for  # noqa: F401 (used by the tests here)
 
 pytestmark = pytest.mark.incremental
 
 LIVE = 20_000  # ms: a pushed change must show up well within this without a reload
-
-
-def wait_for(predicate, timeout: float, what: str, step: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(step)
 
 
 def mark_document(page: Page) -> str:

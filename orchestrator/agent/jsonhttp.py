@@ -29,6 +29,9 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 507: "insufficient_storage"}
 
 
+DRAIN_LIMIT = 16 << 20  # oversized bodies up to this size are read and dropped before the 413
+
+
 class HttpError(Exception):
     """An error answered as JSON with this status; `code` is a stable machine-readable word."""
 
@@ -71,7 +74,7 @@ class Request:
         return self.handler.headers.get(name)
 
     def body_bytes(self) -> bytes:
-        """The body, refusing more than `max_body` bytes (413) before reading any of it."""
+        """The body; more than `max_body` bytes is refused (413) without being kept in memory."""
         self.consumed = True
         text = self.header("Content-Length")
         if text is None:
@@ -85,7 +88,18 @@ class Request:
         except ValueError:
             raise HttpError(400, "invalid Content-Length") from None
         if length > self.max_body:
-            self.consumed = False  # unread: the connection must close after the answer
+            if length <= DRAIN_LIMIT:
+                # Read and drop it, so the client finishes sending and then reads our 413
+                # instead of failing with a broken pipe halfway through its upload.
+                remaining = length
+                while remaining > 0:
+                    chunk = self.handler.rfile.read(min(remaining, 1 << 16))
+                    if not chunk:
+                        break
+                    remaining -= len(chunk)
+                self.consumed = remaining == 0
+            else:
+                self.consumed = False  # unread: the connection must close after the answer
             raise HttpError(413, f"request body over {self.max_body} bytes", "body_too_large")
         return self.handler.rfile.read(length)
 

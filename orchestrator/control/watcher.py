@@ -85,6 +85,8 @@ class Watcher:
             try:
                 self.cycle()
             except Exception:  # never let one bad cycle end the watching
+                if self._stop.is_set():
+                    return  # stopped mid-cycle: the pool no longer takes work
                 import logging
 
                 logging.getLogger("pipeserve.watcher").exception("watch cycle failed")

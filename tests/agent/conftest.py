@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.agents import AgentProc, free_port_block  # noqa: F401 (re-exported for the tests)
+from tests.support.wait import wait_for  # noqa: F401 (used by the tests here)
 
 @pytest.fixture(scope="session")
 def transfer_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -28,15 +29,3 @@ def copy_model(src: Path, dst_models_dir: Path, model_id: str) -> Path:
     import shutil
 
     return Path(shutil.copytree(src, dst_models_dir / model_id))
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
-    """Poll until `predicate()` is truthy; fail naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
