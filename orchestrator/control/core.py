@@ -26,7 +26,7 @@ from . import events as ev
 from . import store
 from .launcher import Launcher, Timeouts, timeline
 from .state import Node, Session, Settings, State
-from .transitions import apply, serving_node_ids
+from .transitions import apply
 
 if TYPE_CHECKING:
     from ..planner import Plan, Refusal

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import queue
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Callable
 
 from pydantic import ValidationError
 
+from ..httpjson import JsonHandler
 from ..logs import EventLogger
 from . import openai_schema as oa
 from .metrics import Metrics
@@ -179,26 +180,21 @@ def _held_back(text: str, stops: list[str]) -> int:
     return best
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(JsonHandler):
     """HTTP/1.1 handler; `self.server.coordinator` is the Coordinator."""
 
-    protocol_version = "HTTP/1.1"
     server_version = "pipeserve-coordinator"
 
     @property
     def c(self) -> Coordinator:
         return self.server.coordinator  # type: ignore[attr-defined]
 
-    def log_message(self, fmt: str, *args: Any) -> None:  # route access logs to our logger
-        self.c.log.info("http.request", line=fmt % args)
+    @property
+    def event_log(self) -> EventLogger:
+        return self.c.log
 
     def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(status, body)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
         path = self.path.split("?")[0]
@@ -207,12 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/models":
             self._json(*self.c.models())
         elif path == "/metrics":
-            data = self.c.metrics.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_metrics(self.c.metrics.render())
         else:
             self._json(404, oa.ApiError(404, f"no route {path}", code="not_found").body())
 

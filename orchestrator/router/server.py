@@ -12,10 +12,11 @@ Routes: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /metrics`, 
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
 from urllib.parse import unquote
 
+from ..httpjson import JsonHandler
+from ..logs import EventLogger
 from .errors import RouterError
 from .proxy import BackendFailed, forward
 from .service import RouterService
@@ -23,26 +24,21 @@ from .service import RouterService
 MAX_BODY = 32 * 1024 * 1024
 
 
-class RouterHandler(BaseHTTPRequestHandler):
+class RouterHandler(JsonHandler):
     """HTTP/1.1 with keep-alive; `self.server.service` is the RouterService."""
 
-    protocol_version = "HTTP/1.1"
     server_version = "pipeserve-router"
 
     @property
     def service(self) -> RouterService:
         return self.server.service  # type: ignore[attr-defined]
 
-    def log_message(self, fmt: str, *args: Any) -> None:  # access lines go to our structured log
-        self.service.log.info("http.request", line=fmt % args)
+    @property
+    def event_log(self) -> EventLogger:
+        return self.service.log
 
     def _json(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_json(status, body)
 
     def _error(self, exc: RouterError) -> None:
         self.service.metrics.count_request("-", exc.status)
@@ -62,12 +58,7 @@ class RouterHandler(BaseHTTPRequestHandler):
             else:
                 self._json(200, entry)
         elif path == "/metrics":
-            data = self.service.metrics.render(self.service.checker.snapshot()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_metrics(self.service.metrics.render(self.service.checker.snapshot()))
         else:
             self._error(RouterError(404, f"no route GET {path}", code="not_found"))
 

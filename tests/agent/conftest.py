@@ -1,4 +1,4 @@
-"""Agent fixtures: real `pipeserve agent` subprocesses on free ports, always stopped.
+"""Agent test fixtures (the agent processes themselves: tests/support/agents.py and the root conftest).
 
 A fixture that cannot get its agent up fails at once with the agent's own output, instead
 of letting a test time out on a connection error.
@@ -6,15 +6,10 @@ of letting a test time out on a connection error.
 
 from __future__ import annotations
 
-import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.support.agents import AgentProc, free_port_block  # noqa: F401 (re-exported for the tests)
-from tests.support.wait import wait_for  # noqa: F401 (used by the tests here)
 
 @pytest.fixture(scope="session")
 def transfer_model(tmp_path_factory: pytest.TempPathFactory) -> Path:

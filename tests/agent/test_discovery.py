@@ -7,7 +7,9 @@ import time
 
 from orchestrator.agent.discovery import NodeBrowser
 
-from .conftest import copy_model, wait_for
+from tests.support.wait import wait_for
+
+from .conftest import copy_model
 
 
 def test_browser_finds_both_agents_and_forgets_them_on_goodbye_and_on_ttl(spawn_agent, test_model_dir):

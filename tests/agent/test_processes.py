@@ -17,7 +17,9 @@ from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
 from orchestrator.engine.local import write_config
 
-from .conftest import copy_model, wait_for
+from tests.support.wait import wait_for
+
+from .conftest import copy_model
 
 MODEL = "tm"
 

@@ -12,7 +12,9 @@ import pytest
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
 
-from .conftest import copy_model, wait_for
+from tests.support.wait import wait_for
+
+from .conftest import copy_model
 
 MODEL = "tm"
 

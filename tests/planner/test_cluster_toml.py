@@ -10,7 +10,7 @@ import pytest
 from orchestrator.engine.config import ClusterConfig, load_config
 from orchestrator.planner import Plan, PlanSettings, plan_cluster, plan_to_cluster_config, plan_to_cluster_toml
 
-from .support import GB, llama, node
+from .support import llama, node
 
 
 def make_plan(count: int = 2, host: str | None = "127.0.0.1", **settings: object) -> Plan:

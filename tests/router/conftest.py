@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from orchestrator.engine.local import LocalPipeline
-from tests.support.router import RouterProc, served_requests, wait_until, write_yaml  # noqa: F401
 
 @pytest.fixture(scope="session")
 def coordinators(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalPipeline]]:

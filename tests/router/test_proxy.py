@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from .conftest import wait_until, write_yaml
+from tests.support.router import wait_until, write_yaml
 
 EVENTS = [b'data: {"n": 1, "text": "caf\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
 GAP = 0.4  # seconds between two events of the scripted stream

@@ -20,7 +20,7 @@ import requests
 from orchestrator.engine.local import LocalPipeline, free_port
 from orchestrator.registrar import ConfigFileRegistrar
 
-from .conftest import served_requests, wait_until, write_yaml
+from tests.support.router import served_requests, wait_until, write_yaml
 
 CHAT = {"messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8, "temperature": 0}
 

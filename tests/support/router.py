@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ import pytest
 import requests
 import yaml
 
-from orchestrator.engine.local import free_port
 
 STARTUP_TIMEOUT = 15.0
 
