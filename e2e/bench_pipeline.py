@@ -16,14 +16,22 @@ noisy, so only ratios measured side by side mean anything):
   through the coordinator's HTTP API (`POST /v1/completions`, token-id prompt,
   temperature 0, streaming with `logprobs: 0` so that every token arrives as its own event).
 
-Per system: decode tokens/s at 1, 2 and 4 concurrent requests (aggregate, steady-state
-window), time to first token for a 512-token prompt, resident memory, and for the pipeline
-the bytes that cross each boundary per decode token (measured from the kernel's per-socket
-counters, `ss -ti`), plus where the time of one token goes (per-stage step_ms from
-GET /health).
+Per system: decode tokens/s at 1, 2 and 4 concurrent requests (1 / median inter-token
+interval, summed over concurrent requests), time to first token for a 512-token prompt,
+resident memory per process, and for the pipeline the bytes that cross each boundary per
+decode token (from the kernel's per-socket counters, `ss -ti`), plus where the time of one
+token goes (per-stage step_ms from GET /health, CPU time per process from /proc) and the
+micro-batch step times at 4 requests. Targets are judged on each system's best round;
+"other load" says how many cores other users' processes took during each system's
+measurements.
 
 Usage: .venv/bin/python e2e/bench_pipeline.py [--quick] [--models smollm2,llama1b]
-       [--no-reference-blas] [--repeats N] [--tokens N] [--out docs/benchmark.md]
+       [--no-reference-blas] [--repeats N] [--tokens N] [--systems ...] [--variant ...]
+       [--max-seconds S] [--out docs/benchmark.md] [--json raw.json]
+
+A/B of an engine change, side by side in one run:
+  e2e/bench_pipeline.py --no-reference-blas --systems single2,pipe1 \
+      --variant pipeline:1:PYTHONPATH=/path/to/patched/checkout,PIPESERVE_SOLO_THREADS=2
 """
 
 from __future__ import annotations

@@ -87,6 +87,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 @dataclass
+# Every "node" of the demo is this one machine: a stage computes on one BLAS thread while
+# others also work, and on every core when the coordinator says nothing else is in flight
+# (the SOLO flag). Agents pass this environment on to the stages they start.
+SHARED_HOST_BLAS = {"PIPESERVE_STAGE_THREADS": "1", "PIPESERVE_SOLO_THREADS": str(os.cpu_count() or 1)}
+
+
 class Child:
     """One process of the demo, its output in a log file."""
 
@@ -101,7 +107,7 @@ class Child:
             # Its own session: Ctrl-C reaches the demo only, which stops the children in order.
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, preexec_fn=_die_with_parent,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
         return self
 
     @property

@@ -25,7 +25,7 @@ def find_openblas() -> Path | None:
     return None
 
 
-def preload(threads: int | None = None) -> str:
+def preload(threads: int | None = None, solo_threads: int | None = None) -> str:
     """Load OpenBLAS (if available and wanted) before mlx; returns "openblas" or "reference".
 
     Must run before `import mlx.core`; afterwards it can no longer change anything.
@@ -33,6 +33,11 @@ def preload(threads: int | None = None) -> str:
     if threads:
         # OpenBLAS reads these when it loads; idle workers spin, so keep the count deliberate.
         os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
+    if solo_threads and solo_threads > (threads or 1):
+        # Idle OpenBLAS workers spin 2^28 cycles (~0.1 s) before sleeping: long enough to steal
+        # the core from a co-located stage that computes next. 2^22 (~1.5 ms) still bridges the
+        # gaps between the GEMMs of one step.
+        os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "22")
     if os.environ.get(BLAS_ENV, "openblas") == "reference" or "mlx.core" in sys.modules:
         return active()
     path = find_openblas()
@@ -52,3 +57,12 @@ def active() -> str:
     except OSError:
         return "unknown"
     return "openblas" if "libopenblas" in maps else "reference"
+
+
+def set_threads(n: int) -> bool:
+    """Set OpenBLAS's thread count now (call between MLX evaluations); False without OpenBLAS."""
+    path = find_openblas()
+    if path is None or active() != "openblas":
+        return False
+    ctypes.CDLL(str(path)).openblas_set_num_threads(int(n))
+    return True

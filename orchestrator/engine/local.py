@@ -91,6 +91,7 @@ class LocalPipeline:
     splits: list[tuple[int, int]]
     coordinator: bool = True
     threads: int | None = None
+    solo_threads: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     cluster: dict[str, object] = field(default_factory=dict)
     startup_timeout: float = 120.0
@@ -119,7 +120,8 @@ class LocalPipeline:
             for k in range(len(self.splits)):
                 self._spawn(f"stage-{k}", ["stage", "--config", str(self.config_path), "--node-id", f"stage-{k}",
                                            "--model", str(self.model_dir)]
-                            + (["--threads", str(self.threads)] if self.threads else []))
+                            + (["--threads", str(self.threads)] if self.threads else [])
+                            + (["--solo-threads", str(self.solo_threads)] if self.solo_threads else []))
                 self._wait_port(f"stage-{k}", self.ports[k + 1])
             if self.coordinator:
                 self._spawn("coordinator", ["coordinator", "--config", str(self.config_path), "--node-id",

@@ -306,7 +306,7 @@ class Pipeline:
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
         for start in range(0, len(prompt) - 1, self.prefill_step):
             chunk = prompt[start:min(start + self.prefill_step, len(prompt) - 1)]
-            if not self._send(0, first + [tokens_frame(rid, start, chunk)]):
+            if not self._send(0, first + [tokens_frame(rid, start, chunk, self._solo(1))]):
                 return
             first = []
         a.position = len(prompt) - 1
@@ -314,11 +314,18 @@ class Pipeline:
         self._launch([a], first)
         self.metrics.set_in_flight(self._public_count())
 
+    def _solo(self, members: int) -> Flag:
+        """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
+        computes only while the others wait for it). Prefill chunks are not tracked as groups, so
+        also require that no other request is active."""
+        return Flag.SOLO if not self._group_left and len(self._active) == members else Flag.NONE
+
     def _launch(self, members: list[_Active], prefix: list[Frame] | None = None) -> None:
         gid = next(self._group_ids)
         frames = list(prefix or [])
+        solo = self._solo(len(members))
         for a in members:
-            frames.append(tokens_frame(a.rid, a.position, [a.next_token], Flag.SAMPLE))
+            frames.append(tokens_frame(a.rid, a.position, [a.next_token], Flag.SAMPLE | solo))
             self._group_of[a.rid] = gid
         self._group_left[gid] = len(members)
         self._send(0, frames)

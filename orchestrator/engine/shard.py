@@ -118,6 +118,14 @@ class StageModel:
         logits = self._head(self.norm(h))[:, -1, :]
         return logits - mx.logsumexp(logits, keepdims=True)
 
+    def logprobs_rows(self, hs: list[mx.array]) -> list[mx.array]:
+        """`logprobs` of several requests in one head GEMM: a [1, V] array per request, each equal
+        to `logprobs(h)` of that request (the head and the norm work row by row)."""
+        h = mx.concatenate([x[:, -1:, :] for x in hs], axis=0)  # [B, 1, H]
+        logits = self._head(self.norm(h))[:, -1, :]
+        lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return [lps[b:b + 1] for b in range(len(hs))]
+
     def _head(self, h: mx.array) -> mx.array:
         return self.embed.as_linear(h) if self.head is None else self.head(h)
 

@@ -76,7 +76,8 @@ class Stage:
     """The stage process's state and loops."""
 
     def __init__(self, config: ClusterConfig, node: NodeSpec, model: StageModel, secret: bytes,
-                 listener: socket.socket, log: EventLogger, blas: str = "reference") -> None:
+                 listener: socket.socket, log: EventLogger, blas: str = "reference",
+                 threads: tuple[int, int] = (0, 0)) -> None:
         self.config = config
         self.node = node
         self.model = model
@@ -96,6 +97,9 @@ class Stage:
         self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
                                 weight_bytes=model.weight_bytes, extra={"blas": blas, "node": node.id})
         self._stop = threading.Event()
+        # (base, solo) BLAS threads: solo for steps marked SOLO, base otherwise; (0, 0) = never switch.
+        self.base_threads, self.solo_threads = threads
+        self.current_threads = self.base_threads
 
     # --- network threads ---------------------------------------------------------------
     def serve(self) -> None:
@@ -242,6 +246,7 @@ class Stage:
                     self._error(f.request_id, f"stage {self.index}: {exc}")
         if not work:
             return []
+        self._set_threads(all(f.flags & Flag.SOLO for f, _, _ in work))
         t0 = time.perf_counter()
         try:
             outputs = self._compute(work)
@@ -254,6 +259,17 @@ class Stage:
         self._record_step(time.perf_counter() - t0, len(work))
         return outputs
 
+    def _set_threads(self, solo: bool) -> None:
+        """Use all the host's cores for SOLO steps (no other stage has work), the base count otherwise."""
+        if not (self.solo_threads and self.base_threads):
+            return
+        want = self.solo_threads if solo else self.base_threads
+        if want != self.current_threads:
+            from . import blas
+
+            blas.set_threads(want)  # MLX is idle between steps: no BLAS call is running now
+            self.current_threads = want
+
     def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
         model = self.model
         singles = all(x.shape[1] == 1 for _, _, x in work)
@@ -265,17 +281,22 @@ class Stage:
             s.position += x.shape[1]
         if not model.last:
             mx.eval(hs)
-            return [to_frame(f.request_id, f.position, h, f.flags & Flag.SAMPLE) for (f, _, _), h in zip(work, hs)]
+            return [to_frame(f.request_id, f.position, h, f.flags & (Flag.SAMPLE | Flag.SOLO)) for (f, _, _), h in zip(work, hs)]
         results = []
-        for (f, s, x), h in zip(work, hs):
-            if f.flags & Flag.SAMPLE:
-                logprobs = model.logprobs(h)
-                token = s.sampler.sample(logprobs)
-                mx.eval(token, logprobs)
+        sampled = [(f, s, h) for (f, s, _), h in zip(work, hs) if f.flags & Flag.SAMPLE]
+        if sampled:
+            # One norm + head GEMM for all sampled rows: the head (vocab x hidden) is the last
+            # stage's largest matrix, and a GEMM of 1 row costs as much as one of 4. Row b equals
+            # logprobs(h_b) bit for bit.
+            rows = model.logprobs_rows([h for _, _, h in sampled])
+            tokens = [s.sampler.sample(lp) for (_, s, _), lp in zip(sampled, rows)]
+            mx.eval(tokens, rows)
+            for (f, s, _), lp, token in zip(sampled, rows, tokens):
                 tok = int(token.item())
-                results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(tok, logprobs)))
-            else:
-                mx.eval([c.state for c in s.cache])
+                results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(tok, lp)))
+        rest = [s for (f, s, _) in work if not f.flags & Flag.SAMPLE]
+        if rest:
+            mx.eval([c.state for s in rest for c in s.cache])
         if results:
             self._send_coordinator(results)
         return []

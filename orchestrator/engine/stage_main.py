@@ -18,7 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path, help="cluster TOML")
     parser.add_argument("--node-id", required=True, help="this stage's [[nodes]] id, e.g. stage-1")
     parser.add_argument("--model", required=True, type=Path, help="MLX model directory")
-    parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: OpenBLAS's own)")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("PIPESERVE_STAGE_THREADS", 0)) or None,
+                        help="BLAS threads (default: $PIPESERVE_STAGE_THREADS, else OpenBLAS's own: every core)")
+    parser.add_argument("--solo-threads", type=int, default=int(os.environ.get("PIPESERVE_SOLO_THREADS", 0)) or None,
+                        help="BLAS threads for steps the coordinator marks SOLO (nothing else in flight), "
+                             "e.g. all cores when stages share a host and --threads splits them")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("config.invalid", reason=exc)
         return 2
-    which_blas = blas.preload(args.threads)  # before mlx is imported
+    which_blas = blas.preload(args.threads, args.solo_threads)  # before mlx is imported
     from . import transport
     from .shard import ShardError, StageModel
     from .stage import Stage
@@ -54,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("model.invalid", reason=exc)
         return 4
     listener.listen(16)  # only now does the port accept: "listening" means ready
-    stage = Stage(config, node, model, secret, listener, log, which_blas)
+    stage = Stage(config, node, model, secret, listener, log, which_blas,
+                  threads=(args.threads or 0, args.solo_threads or 0) if which_blas == "openblas" else (0, 0))
     signal.signal(signal.SIGTERM, lambda *_: stage.stop())
     signal.signal(signal.SIGINT, lambda *_: stage.stop())
     stage.serve()

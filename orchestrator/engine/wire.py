@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"PS"
-VERSION = 1
+VERSION = 2  # 2: the SOLO flag
 HEADER = struct.Struct("<2sBBBBBBQI3II")  # magic ver kind dtype flags ndim pad rid pos shape[3] len
 HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = 64 * 1024
@@ -63,6 +63,7 @@ class Flag(enum.IntFlag):
     NONE = 0
     SAMPLE = 1  # the last stage samples a token from this frame's final position
     MORE = 2    # another frame of the same micro-batch follows
+    SOLO = 4    # no other work is in flight: a stage may use every core of its host
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:
         kind_e, dtype_e = Kind(kind), DType(dtype)
     except ValueError:
         raise FrameError(f"unknown frame kind {kind} or dtype {dtype}") from None
-    if flags & ~int(Flag.SAMPLE | Flag.MORE):
+    if flags & ~int(Flag.SAMPLE | Flag.MORE | Flag.SOLO):
         raise FrameError(f"unknown flags {flags:#x}")
     if ndim > 3:
         raise FrameError(f"ndim {ndim} > 3")

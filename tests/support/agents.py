@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.demo import SHARED_HOST_BLAS  # every test "node" is this one machine, as in the demo
 from orchestrator.engine.local import free_port
 
 STARTUP_TIMEOUT = 20.0
@@ -95,7 +96,7 @@ class AgentProc:
                "--transport-ports", f"{self.ports[0]}-{self.ports[1]}", *self.args]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS, **self.env})
         return self
 
     def wait_ready(self, pair: bool = True) -> "AgentProc":
