@@ -86,13 +86,13 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
             pass
 
 
-@dataclass
 # Every "node" of the demo is this one machine: a stage computes on one BLAS thread while
 # others also work, and on every core when the coordinator says nothing else is in flight
 # (the SOLO flag). Agents pass this environment on to the stages they start.
 SHARED_HOST_BLAS = {"PIPESERVE_STAGE_THREADS": "1", "PIPESERVE_SOLO_THREADS": str(os.cpu_count() or 1)}
 
 
+@dataclass
 class Child:
     """One process of the demo, its output in a log file."""
 
