@@ -572,13 +572,18 @@ class Bench:
                             {**base, "OPENBLAS_NUM_THREADS": "1"}, primary=True),
             "pipe2": System("pipe2", "pipeline", "pipeline, 2 stages × 2 BLAS threads", 2,
                             {**base, "OPENBLAS_NUM_THREADS": "2"}),
+            # What the demo runs: 1 thread per stage, every core for a step nothing else competes
+            # with (the coordinator's SOLO flag).
+            "pipesolo": System("pipesolo", "pipeline", "pipeline, 2 stages × 1 BLAS thread, all cores when SOLO", 1,
+                               {**base, "OPENBLAS_NUM_THREADS": "1",
+                                "PIPESERVE_SOLO_THREADS": str(os.cpu_count() or 1)}, primary=True),
         }
         if self.args.systems:
             wanted = self.args.systems.split(",")
         elif model != "smollm2":
-            wanted = ["single2", "pipe1"]  # the 2-threads-per-stage trap is shown on SmolLM2 already
+            wanted = ["single2", "pipe1", "pipesolo"]  # the 2-threads-per-stage trap is shown on SmolLM2 already
         else:
-            wanted = ["single2", "pipe1", "pipe2"] if self.args.quick else list(catalogue)
+            wanted = ["single2", "pipe1", "pipesolo"] if self.args.quick else list(catalogue)
         unknown = [w for w in wanted if w not in catalogue]
         if unknown:
             raise SystemExit(f"unknown --systems {unknown}; choose from {list(catalogue)}")
@@ -1096,8 +1101,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(keeping at least 8 tokens), so a slow configuration cannot stretch the run (default 12)")
     p.add_argument("--split", choices=["balanced", "even"], default="balanced",
                    help="layer split: balanced by compute incl. the head (local.compute_split), or even")
-    p.add_argument("--systems", default=None, help="comma list from single2,single1,pipe1,pipe2 "
-                   "(default: all four for SmolLM2; single2,pipe1,pipe2 with --quick or other models)")
+    p.add_argument("--systems", default=None, help="comma list from single2,single1,pipe1,pipe2,pipesolo "
+                   "(default: all for SmolLM2; single2,pipe1,pipesolo with --quick or other models)")
     p.add_argument("--variant", action="append", default=[], metavar="KIND:THREADS[:K=V,...]",
                    help="add a system, e.g. pipeline:2:OPENBLAS_THREAD_TIMEOUT=20, "
                    "pipeline:1:cluster.prefill_step_size=128, or pipeline:1:PYTHONPATH=/other/checkout to "
