@@ -432,7 +432,7 @@ def test_9_a_launch_that_hits_a_taken_port_fails_visibly_and_leaves_nothing(stac
         page.get_by_role("button", name="Launch cluster").click()
         # The plan gave stage 1 a port; take it before stage 1 starts (stage 0 loads first).
         session = wait_for(lambda: next(iter(stack.api_state()["sessions"]), None), 10, "the new session",
-                           step=0.01)
+                           interval=0.01)
         port = next(s["port"] for s in session["stages"] if s["index"] == 1)
         blocker.bind(("127.0.0.1", port))
         blocker.listen(1)
