@@ -17,6 +17,7 @@ import requests
 
 from ..agent.client import AgentClient, AgentError
 from ..engine.config import ClusterConfig
+from ..planner.cluster_toml import engine_address, render_cluster_toml
 from ..registrar import Registrar, RegistrarError
 from . import events as ev
 from .state import Session, Step
@@ -56,19 +57,16 @@ def timeline(session: Session) -> tuple[Step, ...]:
 
 
 def cluster_toml(session: Session, transport: str = "tcp") -> str:
-    """The engine's cluster TOML (DESIGN §4) for this session; validated before it is sent."""
-    lines = ["[cluster]", f'name = "{session.name}"', f"pipeline_parallel_size = {len(session.stages)}",
-             "tensor_parallel_size = 1", f'transport_backend = "{transport}"', "",
-             "[[nodes]]", 'id = "coordinator"', f'address = "{session.coordinator_host}:{session.coordinator_port}"',
-             'role = "hybrid"']
-    for st in session.stages:
-        lines += ["", "[[nodes]]", f'id = "stage-{st.index}"', f'address = "{st.host}:{st.port}"',
-                  'role = "pipeline_stage"', f"stage = {st.index}", f'layers = "{st.first_layer}-{st.last_layer}"']
-    text = "\n".join(lines) + "\n"
-    import tomllib
-
-    ClusterConfig.model_validate(tomllib.loads(text))  # a bug here must fail before anything starts
-    return text
+    """The engine's cluster TOML (DESIGN §4) for a session without a plan's TOML (single-node
+    sessions); validated as a ClusterConfig and written by the planner's one TOML writer."""
+    nodes: list[dict[str, object]] = [{"id": "coordinator", "role": "hybrid",
+                                       "address": engine_address(session.coordinator_host, session.coordinator_port)}]
+    nodes += [{"id": f"stage-{st.index}", "role": "pipeline_stage", "address": engine_address(st.host, st.port),
+               "stage": st.index, "layers": f"{st.first_layer}-{st.last_layer}"} for st in session.stages]
+    config = ClusterConfig.model_validate({"cluster": {
+        "name": session.name, "pipeline_parallel_size": len(session.stages), "tensor_parallel_size": 1,
+        "transport_backend": transport}, "nodes": nodes})  # a bug here fails before anything starts
+    return render_cluster_toml(config)
 
 
 class Launcher:

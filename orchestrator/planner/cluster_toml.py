@@ -16,7 +16,7 @@ from orchestrator.engine.config import ClusterConfig
 from .result import Plan
 
 
-def _address(host: str, port: int) -> str:
+def engine_address(host: str, port: int) -> str:
     """'ip:port', IPv6 in brackets (the engine's address syntax)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -41,13 +41,13 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
     coordinator = plan.coordinator
     nodes: list[dict[str, object]] = [{
         "id": "coordinator",
-        "address": _address(host_of(coordinator.node_id, coordinator.host), coordinator.transport_port),
+        "address": engine_address(host_of(coordinator.node_id, coordinator.host), coordinator.transport_port),
         "role": "hybrid",
     }]
     for s in plan.stages:
         if s.transport_port is None:
             raise ValueError(f"stage {s.stage} has no transport port")
-        nodes.append({"id": f"stage-{s.stage}", "address": _address(host_of(s.node_id, s.host), s.transport_port),
+        nodes.append({"id": f"stage-{s.stage}", "address": engine_address(host_of(s.node_id, s.host), s.transport_port),
                       "role": "pipeline_stage", "stage": s.stage, "layers": s.layers})
     table: dict[str, object] = {
         "name": cluster_name,
