@@ -353,22 +353,7 @@ class Orchestrator:
 
     def _recover(self, s: Session) -> None:
         """After a restart: re-adopt a session that is still healthy, clean up one that is not."""
-        from .watcher import judge
-
-        agents = self._agents_for(s)
-        processes: dict[str, Any] = {}
-        for name, node_id in [(f"stage-{st.index}", st.node_id) for st in s.stages] + [("coordinator", s.coordinator_node)]:
-            try:
-                processes[name] = agents[node_id].process(s.id, name) if node_id in agents else None
-            except AgentError:
-                processes[name] = None
-        import requests
-
-        try:
-            health, error = requests.get(s.url + "/health", timeout=3).json(), ""
-        except (requests.RequestException, ValueError) as exc:
-            health, error = None, str(exc)
-        _, problem = judge(s, processes, health, error)
+        _, problem = self.watcher.inspect(s)
         if s.phase == "running" and not problem:
             try:
                 self.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice

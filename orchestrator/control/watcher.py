@@ -126,20 +126,15 @@ class Watcher:
         except AgentError:
             return None
 
+    def inspect(self, s: Session, health_timeout: float = 3.0) -> tuple[tuple[StageStatus, ...], str]:
+        """One look at a session now, outside the loop (the orchestrator's restart recovery)."""
+        node_ids = set(s.node_ids)
+        listed = {nid: self._processes(nid) for nid in node_ids}
+        processes, coordinator, error = _look(s, listed, health_timeout)
+        return judge(s, processes, coordinator, error)
+
     def _observe(self, s: Session, listed: dict[str, list[ProcessInfo] | None]) -> None:
-        processes: dict[str, ProcessInfo | None] = {}
-        for st in s.stages:
-            infos = listed.get(st.node_id)
-            processes[f"stage-{st.index}"] = None if infos is None else next(
-                (p for p in infos if p.cluster_id == s.id and p.node_id == f"stage-{st.index}"), _gone(s, st.index))
-        infos = listed.get(s.coordinator_node)
-        processes["coordinator"] = None if infos is None else next(
-            (p for p in infos if p.cluster_id == s.id and p.node_id == "coordinator"), _gone(s, None))
-        coordinator, error = None, ""
-        try:
-            coordinator = requests.get(s.url + "/health", timeout=1.0).json()
-        except (requests.RequestException, ValueError) as exc:
-            error = str(exc)
+        processes, coordinator, error = _look(s, listed, 1.0)
         statuses, problem = judge(s, processes, coordinator, error)
         readings = remember(self._tokens.get(s.id, ()), self._read_tokens(s) if coordinator is not None else None)
         self._tokens[s.id] = readings
@@ -167,6 +162,23 @@ class Watcher:
             self._post(ev.NodeReported(node_id=node_id, report=agent.report(), at=time.time()))
         except AgentError as exc:
             self._post(ev.NodeUnreachable(node_id=node_id, error=exc.message, at=time.time()))
+
+
+def _look(s: Session, listed: dict[str, list[ProcessInfo] | None],
+          timeout: float) -> tuple[dict[str, ProcessInfo | None], dict | None, str]:
+    """The session's processes picked from the agents' listings (None: agent unreachable) and
+    the coordinator's /health document (None, with the error, when it does not answer)."""
+    def find(node_id: str, name: str, index: int | None) -> ProcessInfo | None:
+        infos = listed.get(node_id)
+        return None if infos is None else next(
+            (p for p in infos if p.cluster_id == s.id and p.node_id == name), _gone(s, index))
+
+    processes = {f"stage-{st.index}": find(st.node_id, f"stage-{st.index}", st.index) for st in s.stages}
+    processes["coordinator"] = find(s.coordinator_node, "coordinator", None)
+    try:
+        return processes, requests.get(s.url + "/health", timeout=timeout).json(), ""
+    except (requests.RequestException, ValueError) as exc:
+        return processes, None, str(exc)
 
 
 def _gone(s: Session, index: int | None) -> ProcessInfo:
