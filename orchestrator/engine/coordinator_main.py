@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.model_name or args.model.resolve().name
     try:
         server = make_server(Coordinator(pipeline, tokenizer, name, metrics, log), args.host, args.port)
+    except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
+        log.error("config.invalid", reason=exc)
+        return 2
     except OSError as exc:
         log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
         return 3

@@ -11,19 +11,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 MAX_STOP = 4
 
 
-class ApiError(Exception):
-    """An error answered as an OpenAI-style JSON body."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        """The JSON error document."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

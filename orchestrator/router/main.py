@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     service = RouterService(config, log, config_path=args.config)
     try:
         server = make_server(service, args.host, args.port)
+    except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
+        log.error("config.invalid", reason=exc)
+        return 2
     except OSError as exc:
         log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
         return 3

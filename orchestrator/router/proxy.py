@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from .errors import RouterError
+from ..httpkit import OpenAIError
 from .service import RouterService
 from .table import Route
 
@@ -129,7 +129,7 @@ def _broken_off(handler: BaseHTTPRequestHandler, exc: Exception, sse: bool) -> N
     handler.close_connection = True
     reason = f"{type(exc).__name__}: {exc}"
     if sse:
-        event = json.dumps(RouterError(502, f"the backend broke off the stream: {reason}", "server_error").body())
+        event = json.dumps(OpenAIError(502, f"the backend broke off the stream: {reason}", "server_error").body())
         data = b"data: " + event.encode() + b"\n\n"
         handler.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         handler.wfile.flush()
@@ -140,7 +140,7 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
             model: str) -> tuple[str, int]:
     """Send a request for `model` to a healthy backend and relay the answer.
 
-    Returns (backend name, status). Raises RouterError for 404 / 503 / 502 answered by the
+    Returns (backend name, status). Raises OpenAIError for 404 / 503 / 502 answered by the
     router itself (before anything was written), and BackendFailed after a partial answer.
     """
     tried: set[str] = set()
@@ -150,7 +150,7 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
         if route is None:
             if not tried:
                 raise service.no_route_error(model)
-            raise RouterError(502, f"Could not connect to any backend serving '{model}': {'; '.join(failures)}",
+            raise OpenAIError(502, f"Could not connect to any backend serving '{model}': {'; '.join(failures)}",
                               "server_error", code="bad_gateway")
         headers = upstream_headers(handler.headers, route, handler.client_address[0], len(body))
         try:
@@ -162,7 +162,7 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
             continue
         except BackendFailed as exc:
             service.log.warning("proxy.backend_failed", backend=route.name, reason=exc)
-            raise RouterError(502, f"Backend '{route.name}' failed: {exc}", "server_error",
+            raise OpenAIError(502, f"Backend '{route.name}' failed: {exc}", "server_error",
                               code="bad_gateway") from None
         try:
             relay(handler, resp)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..logs import EventLogger
 from .config import RouterConfig
-from .errors import RouterError
+from ..httpkit import OpenAIError
 from .health import HealthChecker
 from .metrics import RouterMetrics
 from .table import Balancer, Route, RoutingTable, backend_models, build_table
@@ -79,18 +79,18 @@ class RouterService:
         """The next healthy backend for `model`, or None."""
         return self.balancer.pick(model, self.table().candidates(model), exclude)
 
-    def no_route_error(self, model: str) -> RouterError:
+    def no_route_error(self, model: str) -> OpenAIError:
         """Why `model` cannot be routed: unknown (404) or no healthy backend (503)."""
         config, snap = self.config, self.checker.snapshot()
         table = build_table(config.backends, snap)
         if model not in table.known:
             available = ", ".join(table.models()) or "none"
-            return RouterError(404, f"The model '{model}' does not exist (models available now: {available})",
+            return OpenAIError(404, f"The model '{model}' does not exist (models available now: {available})",
                                code="model_not_found", param="model")
         states = [f"{b.name}: {snap[b.name].state if b.name in snap else 'starting'}"
                   + (f" ({snap[b.name].last_error})" if b.name in snap and snap[b.name].last_error else "")
                   for b in config.backends if model in backend_models(b, snap.get(b.name))]
-        return RouterError(503, f"No healthy backend serves the model '{model}' right now; "
+        return OpenAIError(503, f"No healthy backend serves the model '{model}' right now; "
                                 f"backends for it: {'; '.join(states)}", "service_unavailable",
                            code="no_healthy_backend")
 

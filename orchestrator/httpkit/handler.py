@@ -1,0 +1,412 @@
+"""Routes, requests and the one dispatcher of pipeserve's HTTP servers.
+
+Routes are regular expressions over the raw path; path parameters are percent-decoded
+*after* matching (an encoded "/" never changes which route matches). An `authorize` hook
+runs before any body byte is read. Every failure leaves through `Handler._dispatch`: an
+`OpenAIError` is answered as itself, malformed JSON (too deeply nested included) as 400, a
+bug as 500 with its traceback in the log, a client that left as nothing (status 499).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import select
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from socketserver import _SocketWriter  # type: ignore[attr-defined]  # the stdlib's own unbuffered writer
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, unquote
+
+from pydantic import BaseModel, ValidationError
+
+from .errors import OpenAIError
+from .sse import EventStream
+
+if TYPE_CHECKING:
+    from .server import Server
+
+M = TypeVar("M", bound=BaseModel)
+
+DRAIN_LIMIT = 16 << 20  # an oversized body up to this size is read and dropped, so the client reads our 413
+_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
+@dataclass
+class Streamed:
+    """A result that writes its own body (file downloads): `write(handler)` after the headers."""
+
+    status: int
+    headers: dict[str, str]
+    write: Callable[[Any], None]
+
+
+@dataclass
+class Raw:
+    """A complete non-JSON answer (Prometheus text)."""
+
+    data: bytes
+    content_type: str
+    status: int = 200
+
+
+@dataclass
+class Route:
+    """`method` + full-match `pattern` → `handler(request)`; `access` is passed to `authorize`."""
+
+    method: str
+    pattern: re.Pattern[str]
+    handler: Callable[["Request"], Any]
+    access: str = "public"
+
+
+def route(method: str, pattern: str, handler: Callable[["Request"], Any], access: str = "public") -> Route:
+    """Build a Route; `pattern` uses named groups for path parameters."""
+    return Route(method, re.compile(pattern), handler, access)
+
+
+@dataclass
+class App:
+    """What a server serves.
+
+    `authorize(request, access)` raises OpenAIError to refuse; `observe(request, status)`
+    sees every dispatched request's final status (metrics); `empty_body_ok` lets a request
+    without Content-Length have an empty body (an empty JSON body then reads as {}).
+    """
+
+    routes: list[Route]
+    max_body: int
+    authorize: Callable[["Request", str], None] | None = None
+    observe: Callable[["Request", int], None] | None = None
+    empty_body_ok: bool = False
+    log_hint: str = "see the server log"
+
+    @classmethod
+    def of(cls, routes: Iterable[Route], max_body: int, **kwargs: Any) -> "App":
+        """An App over `routes`."""
+        return cls(list(routes), max_body, **kwargs)
+
+
+def parse_json(raw: bytes) -> Any:
+    """A JSON document; 400 for invalid, non-UTF-8 or too deeply nested input."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise OpenAIError(400, "request body is not valid JSON: nested too deeply", code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise OpenAIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def validate(model: type[M], data: Any) -> M:
+    """`model.model_validate(data)`, a pydantic error turned into a 400 naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or None
+        message = str(first.get("msg", "invalid value"))
+        raise OpenAIError(400, f"{where}: {message}" if where else message, param=where,
+                          code="invalid_field") from None
+    except ValueError as exc:  # a validator's own ValueError subclass escaping pydantic
+        raise OpenAIError(400, str(exc), code="invalid_field") from None
+
+
+@dataclass
+class Request:
+    """One request as a route handler sees it."""
+
+    handler: "Handler"
+    method: str
+    path: str
+    params: dict[str, str] = field(default_factory=dict)
+    query: dict[str, str] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)  # what `authorize` or the route learnt
+    consumed: bool = False
+
+    def header(self, name: str) -> str | None:
+        """A request header, or None."""
+        return self.handler.headers.get(name)
+
+    def _length(self) -> int | None:
+        """The declared body length; None when there is no body header at all."""
+        if self.header("Transfer-Encoding") is not None:
+            raise OpenAIError(411, "send the request body with a Content-Length (chunked bodies are not accepted)",
+                              code="length_required")
+        values = self.handler.headers.get_all("Content-Length") or []
+        if not values:
+            return None
+        if len(set(values)) != 1 or not _LENGTH.fullmatch(values[0].strip()):
+            raise OpenAIError(400, f"invalid Content-Length {', '.join(values)!r}", code="invalid_length")
+        return int(values[0])
+
+    def body_bytes(self) -> bytes:
+        """The whole body, within `max_body` (413) and the body deadline.
+
+        A missing, negative or non-numeric length is refused (411/400) before any byte is
+        read, and every refusal closes the connection: unread body bytes must never be
+        parsed as the next request.
+        """
+        app = self.handler.server.app
+        length = self._length()
+        if length is None:
+            if not app.empty_body_ok:
+                raise OpenAIError(411, "Content-Length required", code="length_required")
+            self.consumed = True
+            return b""
+        if length > app.max_body:
+            if length <= DRAIN_LIMIT:
+                self.consumed = self.handler.read_body(length, keep=False) is not None
+            raise OpenAIError(413, f"request body over {app.max_body} bytes", code="body_too_large")
+        data = self.handler.read_body(length)
+        if data is None:
+            raise OpenAIError(400, f"the body ended before its Content-Length ({length} bytes)", code="short_body")
+        self.consumed = True
+        return data
+
+    def json(self, model: type[M] | None = None) -> Any:
+        """The body as a JSON object (validated as `model` when given); 400 otherwise."""
+        raw = self.body_bytes()
+        data = parse_json(raw) if raw.strip() or not self.handler.server.app.empty_body_ok else {}
+        if not isinstance(data, dict):
+            raise OpenAIError(400, "request body must be a JSON object", code="invalid_json")
+        return validate(model, data) if model is not None else data
+
+    def client_gone(self) -> bool:
+        """True once the client closed its side (checked without blocking or consuming input)."""
+        sock = self.handler.connection
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:
+                return False
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except (OSError, ValueError):
+            return True
+
+    def events(self) -> EventStream:
+        """A server-sent event stream answering this request (headers go out with the first event)."""
+        return EventStream(self.handler)
+
+
+class DeadlineReader(socket.SocketIO):
+    """The raw reader under a handler's `rfile`: each read waits at most until `deadline`.
+
+    A per-read socket timeout alone lets a client trickle one byte per timeout forever; a
+    deadline bounds the whole head (or body) whatever the pace.
+    """
+
+    def __init__(self, sock: socket.socket, per_read: float, write_timeout: float) -> None:
+        super().__init__(sock, "rb")
+        self.sock = sock
+        self.per_read = per_read
+        self.write_timeout = write_timeout
+        self.deadline: float | None = None
+
+    def readinto(self, b: Any) -> int | None:  # noqa: D102 (io.RawIOBase)
+        wait = self.per_read
+        if self.deadline is not None:
+            wait = min(wait, self.deadline - time.monotonic())
+            if wait <= 0:
+                raise TimeoutError("the client was too slow")
+        self.sock.settimeout(wait)
+        try:
+            return super().readinto(b)
+        finally:
+            self.sock.settimeout(self.write_timeout)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """HTTP/1.1 with keep-alive, dispatching to `server.app`'s routes."""
+
+    protocol_version = "HTTP/1.1"
+    server: "Server"
+
+    def setup(self) -> None:
+        limits = self.server.limits
+        self.connection = self.request
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connection.settimeout(limits.write_timeout)
+        self.reader = DeadlineReader(self.connection, limits.idle_timeout, limits.write_timeout)
+        self.reader.deadline = time.monotonic() + limits.header_timeout  # the first head, from the accept
+        self.rfile = io.BufferedReader(self.reader, 65536)
+        self.wfile = _SocketWriter(self.connection)
+        self.served = 0
+
+    def handle_one_request(self) -> None:
+        limits = self.server.limits
+        if self.served:
+            # Keep-alive: the next request may take idle_timeout to start, then header_timeout to arrive.
+            self.reader.deadline = time.monotonic() + limits.idle_timeout
+            try:
+                if not self.rfile.peek(1):
+                    self.close_connection = True
+                    return
+            except OSError:  # timed out or reset
+                self.close_connection = True
+                return
+            self.reader.deadline = time.monotonic() + limits.header_timeout
+        self.served += 1
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.reader.deadline = None  # the head is in; the body has its own deadline
+        return ok
+
+    def read_body(self, length: int, keep: bool = True) -> bytes | None:
+        """Read `length` body bytes within body_timeout (dropped unless `keep`); None if it ended early."""
+        self.reader.deadline = time.monotonic() + self.server.limits.body_timeout
+        try:
+            parts, left = [], length
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    return None
+                left -= len(chunk)
+                if keep:
+                    parts.append(chunk)
+            return b"".join(parts)
+        except TimeoutError:
+            self.close_connection = True
+            raise OpenAIError(408, f"the request body did not arrive within {self.server.limits.body_timeout:g} s",
+                              code="body_timeout") from None
+        finally:
+            self.reader.deadline = None
+
+    def version_string(self) -> str:  # no Python version in the Server header
+        return self.server.name
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        status = int(code) if str(code).isdigit() else 0
+        if not self.server.quiet_reads or self.command != "GET" or status >= 400:
+            self.server.log.info("http.request", method=self.command, path=self.path.split("?")[0], status=code,
+                                 client=self.client_address[0])
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        self.server.log.info("http.message", text=fmt % args, client=self.client_address[0])
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors http.server raises itself (bad request line, headers too long, timeouts): JSON too."""
+        self.close_connection = True
+        err = OpenAIError(code, message or explain or "malformed request")
+        try:
+            self.send_json(code, err.body(), err.headers)
+        except OSError:
+            pass
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._dispatch("DELETE")
+
+    def _find(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        allowed = []
+        for r in self.server.app.routes:
+            m = r.pattern.fullmatch(path)
+            if m:
+                if r.method == method:
+                    return r, {k: unquote(v, errors="strict") for k, v in m.groupdict().items()}
+                allowed.append(r.method)
+        if allowed:
+            raise OpenAIError(405, f"{method} not allowed on {path} (use {', '.join(sorted(set(allowed)))})")
+        raise OpenAIError(404, f"no route {method} {path}", code="not_found")
+
+    def _dispatch(self, method: str) -> None:
+        app = self.server.app
+        raw_path, _, raw_query = self.path.partition("?")
+        request = Request(self, method, raw_path)
+        status = 500
+        try:
+            status = self._answer(app, request, raw_query)
+        finally:
+            if app.observe is not None:
+                app.observe(request, status)
+
+    def _answer(self, app: App, request: Request, raw_query: str) -> int:
+        """Run the route; returns the status answered (499: the client left first)."""
+        try:
+            try:
+                request.query = dict(parse_qsl(raw_query, keep_blank_values=True, errors="strict"))
+                found, request.params = self._find(request.method, request.path)
+            except UnicodeDecodeError:
+                raise OpenAIError(400, "path or query is not valid UTF-8 after percent-decoding") from None
+            if app.authorize is not None:
+                app.authorize(request, found.access)
+            result = found.handler(request)
+            if result is None:  # the route answered itself (a stream, a proxied response)
+                return int(request.context.get("status", 200))
+            if isinstance(result, Streamed):
+                self._streamed(result)
+                return result.status
+            if isinstance(result, Raw):
+                self.send_body(result.status, result.data, result.content_type)
+                return result.status
+            status, body = result if isinstance(result, tuple) else (200, result)
+            self._json(request, status, body)
+            return status
+        except OpenAIError as exc:
+            self._json(request, exc.status, exc.body(), exc.headers)
+            return exc.status
+        except RecursionError:  # input nested deeper than any parser or validator will follow
+            err = OpenAIError(400, "request nested too deeply", code="invalid_json")
+            self._json(request, 400, err.body())
+            return 400
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+            return 499
+        except Exception:  # a bug answers 500 with a body instead of dropping the connection
+            self.server.log.error("http.internal_error", exc_info=True, method=request.method, path=request.path)
+            self._json(request, 500, OpenAIError(500, f"internal error; {app.log_hint}", "server_error").body())
+            return 500
+
+    def _json(self, request: Request, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json")
+        if not request.consumed and (self.headers.get("Content-Length", "0").strip() not in ("", "0")
+                                     or self.headers.get("Transfer-Encoding")):
+            # The body was not (wholly) read: it would be parsed as the next request. Close instead.
+            self.close_connection = True
+        try:
+            self.send_json(status, body, headers)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+
+    def send_body(self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        """A complete response with a known length."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def send_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        """A JSON response."""
+        self.send_body(status, json.dumps(body).encode(), "application/json", headers)
+
+    def _streamed(self, result: Streamed) -> None:
+        self.send_response(result.status)
+        for key, value in result.headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        try:
+            result.write(self)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True

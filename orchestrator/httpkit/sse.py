@@ -1,0 +1,43 @@
+"""Server-sent events over chunked transfer encoding, written as they are produced."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class EventStream:
+    """`send(obj)` writes one `data:` event (JSON, or raw bytes such as b"[DONE]"); `end()` finishes.
+
+    The response head goes out with the first event, so a route can still answer a plain
+    JSON error while nothing has been sent (`started` says which).
+    """
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+        self.started = False
+
+    def start(self, status: int = 200) -> None:
+        """Send the response head (once)."""
+        if self.started:
+            return
+        h = self.handler
+        h.send_response(status)
+        h.send_header("Content-Type", "text/event-stream")
+        h.send_header("Cache-Control", "no-cache")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        self.started = True
+
+    def send(self, obj: Any) -> None:
+        """One event, flushed at once."""
+        self.start()
+        data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.handler.wfile.flush()
+
+    def end(self) -> None:
+        """The terminating chunk."""
+        self.start()
+        self.handler.wfile.write(b"0\r\n\r\n")
+        self.handler.wfile.flush()
