@@ -8,6 +8,7 @@ connections. Readers feed it through one inbox queue.
 
 from __future__ import annotations
 
+import errno
 import queue
 import resource
 import socket
@@ -27,6 +28,8 @@ from .tensors import from_frame, to_frame
 from .wire import Flag, Frame, FrameError, HandshakeError, Kind, json_frame
 
 DOWNSTREAM_CONNECT_TIMEOUT = 5.0
+MAX_PENDING_HANDSHAKES = 32  # unauthenticated connections at once; legitimate peers need a handful
+ACCEPT_BACKOFF = (0.05, 1.0)  # pause after a failed accept(), doubling up to the second value
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Stage:
         self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
                                 weight_bytes=model.weight_bytes, extra={"blas": blas, "node": node.id})
         self._stop = threading.Event()
+        self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         # (base, solo) BLAS threads: solo for steps marked SOLO, base otherwise; (0, 0) = never switch.
         self.base_threads, self.solo_threads = threads
         self.current_threads = self.base_threads
@@ -107,13 +111,36 @@ class Stage:
         threading.Thread(target=self._accept_loop, name="accept", daemon=True).start()
 
     def _accept_loop(self) -> None:
+        """Accept until the stage stops; no error ends it (EMFILE today may be gone in a second)."""
+        pause = ACCEPT_BACKOFF[0]
         while not self._stop.is_set():
             try:
                 sock, addr = self.listener.accept()
-            except OSError:
-                return
+            except OSError as exc:
+                if self._stop.is_set():
+                    return
+                transient = exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                                          errno.ECONNABORTED, errno.EPROTO)
+                (self.log.warning if transient else self.log.error)("transport.accept_failed", reason=exc,
+                                                                     retry_in_s=pause)
+                self._stop.wait(pause)
+                pause = min(pause * 2, ACCEPT_BACKOFF[1])
+                continue
+            pause = ACCEPT_BACKOFF[0]
             peer = f"{addr[0]}:{addr[1]}"
-            threading.Thread(target=self._reader, args=(sock, peer), name=f"conn-{peer}", daemon=True).start()
+            if not self._pending.acquire(blocking=False):
+                # Too many handshakes in progress: whoever holds them cannot starve the stage of
+                # threads and descriptors; a real peer retries (its connect backs off).
+                self.log.warning("transport.refused", peer=peer,
+                                 reason=f"{MAX_PENDING_HANDSHAKES} handshakes already in progress")
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._reader, args=(sock, peer), name=f"conn-{peer}", daemon=True).start()
+            except RuntimeError as exc:  # no thread could be started: refuse this one, keep accepting
+                self._pending.release()
+                sock.close()
+                self.log.warning("transport.refused", peer=peer, reason=exc)
 
     def _reader(self, sock: socket.socket, peer: str) -> None:
         adopted: list[transport.Connection] = []
@@ -126,7 +153,10 @@ class Stage:
                 self.inbox.put(("coordinator", conn))
 
         try:
-            conn = transport.accept(sock, peer, self.secret, self.max_frame, on_verified=adopt)
+            try:
+                conn = transport.accept(sock, peer, self.secret, self.max_frame, on_verified=adopt)
+            finally:
+                self._pending.release()
         except (HandshakeError, OSError) as exc:
             self.log.warning("transport.refused", peer=peer, reason=exc)
             for c in adopted:  # verified, but the acceptance could not be sent

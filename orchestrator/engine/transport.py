@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from typing import Callable
 
 from . import wire
 from .wire import Flag, Frame, FrameError, HandshakeError
 
-HANDSHAKE_TIMEOUT = 5.0
+HANDSHAKE_TIMEOUT = 5.0  # for the WHOLE handshake, however slowly its bytes trickle in
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -26,6 +27,22 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
         if k == 0:
             raise ConnectionError(f"peer closed the connection ({got} of {n} bytes read)")
         got += k
+    return bytes(buf)
+
+
+def _recv_by(sock: socket.socket, n: int, deadline: float) -> bytes:
+    """recv_exact, but the whole read must end by `deadline` (a per-read timeout alone lets a
+    peer hold the connection forever by sending one byte just before each timeout)."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"handshake timed out ({len(buf)} of {n} bytes read)")
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"peer closed the connection ({len(buf)} of {n} bytes read)")
+        buf += chunk
     return bytes(buf)
 
 
@@ -109,21 +126,26 @@ def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
            on_verified: Callable[[Connection], None] | None = None) -> Connection:
     """Run the server side of the handshake on an accepted socket; raises HandshakeError.
 
+    The whole exchange must end within `timeout` seconds of the call.
+
     `on_verified(conn)` runs once the peer has proved the secret but before it is told so:
     whatever it queues is ordered before anything the peer can cause after its handshake
     completes (a stage adopts its coordinator there, so no RESULT can miss it).
     """
+    deadline = time.monotonic() + timeout
     try:
         _tune(sock)
         sock.settimeout(timeout)
         nonce = wire.new_nonce()
         sock.sendall(wire.server_hello(nonce))
-        head = recv_exact(sock, 7)
+        head = _recv_by(sock, 7, deadline)
         rest_len = wire.rest_length(head) if head[:4] == b"PSHC" else 0
-        role, client_nonce = wire.verify_client(secret, nonce, head, recv_exact(sock, rest_len) if rest_len else b"")
+        rest = _recv_by(sock, rest_len, deadline) if rest_len else b""
+        role, client_nonce = wire.verify_client(secret, nonce, head, rest)
         conn = Connection(sock, peer, role, max_frame_bytes)
         if on_verified is not None:
             on_verified(conn)
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(wire.server_proof(secret, nonce, client_nonce))
         sock.settimeout(None)
     except (OSError, HandshakeError):

@@ -254,6 +254,95 @@ def test_silent_clients_do_not_block_the_stage_and_time_out(live_pipeline, clust
             sock.close()
 
 
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Without blocking: has the stage closed this connection? (Reads and drops what it sent.)"""
+    sock.setblocking(False)
+    try:
+        while True:
+            if not sock.recv(65536):
+                return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_a_trickled_handshake_is_dropped_at_its_deadline(live_pipeline, cluster):
+    """One byte every second used to reset the 5 s per-read timeout forever; the whole
+    handshake now has HANDSHAKE_TIMEOUT, however the bytes trickle."""
+    sock = raw_connect(cluster)
+    trickle = b"PSHC\x01\x00\xff" + b"r" * 300  # a valid head announcing a long role: the stage waits for it
+    t0 = time.monotonic()
+    closed_after = None
+    with sock:
+        wire.parse_server_hello(transport.recv_exact(sock, 6 + wire.NONCE))
+        for byte in trickle:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed_after = time.monotonic() - t0
+                break
+            time.sleep(1.0)
+            if _closed_by_peer(sock):
+                closed_after = time.monotonic() - t0
+                break
+            if time.monotonic() - t0 > transport.HANDSHAKE_TIMEOUT + 20:
+                break
+    print(f"trickled handshake closed after {closed_after} s (deadline {transport.HANDSHAKE_TIMEOUT} s)")
+    assert closed_after is not None, f"still open after {time.monotonic() - t0:.0f} s of one byte per second"
+    assert closed_after < transport.HANDSHAKE_TIMEOUT + 10
+    assert_serves(live_pipeline, cluster)
+
+
+def test_unauthenticated_connections_past_the_cap_are_closed_at_once(live_pipeline, cluster):
+    """MAX_PENDING_HANDSHAKES silent clients are all a stage keeps; more are closed at once
+    (not after the handshake timeout), and a real coordinator gets in once they are gone."""
+    from orchestrator.engine.stage import MAX_PENDING_HANDSHAKES
+
+    mark = log_mark(cluster, "stage-0")
+    extra = 8
+    t0 = time.monotonic()
+    socks = [raw_connect(cluster) for _ in range(MAX_PENDING_HANDSHAKES + extra)]
+    try:
+        closed: set[int] = set()
+        while time.monotonic() - t0 < transport.HANDSHAKE_TIMEOUT / 2 and len(closed) < extra:
+            closed |= {i for i, s in enumerate(socks) if i not in closed and _closed_by_peer(s)}
+            time.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        print(f"{len(closed)} of {len(socks)} silent connections closed within {elapsed:.2f} s")
+        assert len(closed) >= extra, f"only {len(closed)} closed in {elapsed:.1f} s"
+        wait_for_log(cluster, "stage-0", "transport.refused", "handshakes already in progress", since=mark)
+    finally:
+        for s in socks:
+            s.close()
+    assert_serves(live_pipeline, cluster)
+
+
+def test_the_stage_keeps_accepting_after_running_out_of_descriptors(live_pipeline, cluster):
+    """EMFILE used to end the accept loop for good (the stage then never accepted again).
+    The stage's descriptor limit is lowered from outside (prlimit) until accept() fails."""
+    import os
+    import resource
+
+    pid = cluster.procs["stage-0"].pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    used = len(os.listdir(f"/proc/{pid}/fd"))
+    mark = log_mark(cluster, "stage-0")
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (used + 2, hard))
+    socks: list[socket.socket] = []
+    try:
+        socks = [raw_connect(cluster) for _ in range(10)]
+        line = wait_for_log(cluster, "stage-0", "transport.accept_failed", "Too many open files", since=mark)
+        print(f"stage at {used + 2} descriptors: {line}")
+    finally:
+        for s in socks:
+            s.close()
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    assert_serves(live_pipeline, cluster)  # a coordinator still connects and gets identical output
+
+
 # --- frames after a good handshake --------------------------------------------------------
 
 def expect(stream: bytes, limit: int = LIMIT) -> tuple[str, int]:
