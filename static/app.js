@@ -7,7 +7,18 @@ function liveState(on) {
   el.querySelector(".live-text").textContent = on ? "Live" : "Reconnecting…";
 }
 document.body.addEventListener("htmx:wsOpen", () => liveState(true));
-document.body.addEventListener("htmx:wsClose", () => liveState(false));
+document.body.addEventListener("htmx:wsClose", (e) => {
+  const code = e.detail.event?.code;
+  if (code === 4401) { location.assign("/login"); return; }  // the session ended (log out, revoked, reset)
+  liveState(false);
+  if (code === 4429) {  // refused: say why instead of "Reconnecting…"
+    const text = document.querySelector("#live-indicator .live-text");
+    if (text) text.textContent = "Not live: " + (e.detail.event.reason || "too many connections");
+  }
+});
+
+// A link shown once is selected on click, ready to copy (no inline handlers: see the CSP).
+document.addEventListener("click", (e) => { if (e.target.matches?.("input.copy")) e.target.select(); });
 
 // A live push replaces a component while someone may be typing or choosing in it: carry over
 // what the user changed (text, number, select, checkboxes) and the focus into the new copy.

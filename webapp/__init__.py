@@ -37,8 +37,9 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
                       PERMANENT_SESSION_LIFETIME=timedelta(days=7), MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["pipeserve"] = Services(orchestrator, auth, router_url.rstrip("/"))
 
-    from . import actions, api, chat, live, pages
+    from . import actions, api, chat, guard, live, pages
 
+    guard.install(app)
     for bp in (pages.bp, actions.bp, api.bp, chat.bp):
         app.register_blueprint(bp)
     live.register(app)
@@ -51,7 +52,8 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):  # clear errors that change nothing
-        if request.path.startswith("/api/") or request.accept_mimetypes.best == "application/json":
+        # programs, and the chat page's fetch (which sends JSON), read the message from JSON
+        if request.path.startswith("/api/") or request.is_json or request.accept_mimetypes.best == "application/json":
             return jsonify(error={"message": exc.description, "status": exc.code}), exc.code
         if request.headers.get("HX-Request"):  # a notice in the page's message area; the component stays
             html = render_template("components/error.html", message=exc.description, status=exc.code)

@@ -3,7 +3,7 @@ affected component, rendered by the same template the page and the websocket use
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template, request
+from flask import Blueprint, abort, render_template, request
 
 from orchestrator.control.core import CommandRefused
 
@@ -58,7 +58,19 @@ def new_viewer_link():
     label = (request.form.get("label") or "viewer").strip()[:64]
     _, token = current_services().auth.mint_viewer(label)
     link = request.host_url.rstrip("/") + f"/viewer/{token}"
-    return render_template("components/viewer_link.html", link=link, label=label)
+    return render_template("components/viewer_link.html", link=link, label=label) + \
+        render_template("components/viewer_list.html", viewers=current_services().auth.viewers(), oob=True)
+
+
+@bp.post("/settings/viewer-links/<vid>/revoke")
+@admin_required
+def revoke_viewer_link(vid: str):
+    """Revoke a viewer link: its sessions end and its open pages go to the login page."""
+    auth = current_services().auth
+    if not auth.revoke_viewer(vid):
+        abort(404, description=f"no viewer link {vid!r} (already revoked?)")
+    return render_template("components/viewer_list.html", viewers=auth.viewers()) + \
+        render_template("components/notice.html", message="Viewer link revoked: its open pages close now.")
 
 
 @bp.post("/nodes")

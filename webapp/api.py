@@ -19,12 +19,17 @@ def state_json(state: State) -> dict[str, Any]:
     return state.model_dump(mode="json", exclude={"nodes": {"__all__": {"credential"}}})
 
 
+def bearer_token() -> str:
+    """The token of an `Authorization: Bearer <token>` header or a `?token=` (websockets); "" if none."""
+    header = request.headers.get("Authorization", "")
+    return header[7:] if header.startswith("Bearer ") else request.args.get("token", "")
+
+
 def bearer_role() -> str | None:
     """The role of the session, or of an `Authorization: Bearer <admin or viewer token>`."""
     if auth.role():
         return auth.role()
-    header = request.headers.get("Authorization", "")
-    token = header[7:] if header.startswith("Bearer ") else request.args.get("token", "")
+    token = bearer_token()
     return current_services().auth.role_for(token) if token else None
 
 

@@ -1,126 +1,61 @@
 """Who may watch and who may act (DESIGN §6): an admin token, viewer links, CSRF.
 
 The admin token is generated on first start, printed once, and stored only as a hash.
-Admins mint viewer links (also stored hashed). A Flask session carries the role; every
-state-changing request needs the admin role and the session's CSRF token; websockets
-need a session.
+Admins mint viewer links (also stored hashed). The signed session cookie carries a random
+session id, its role and its CSRF token; the id must still be live in the AuthStore
+(`webapp.authstore`), so logging out, revoking a viewer link or resetting the admin token
+ends the session at once, whatever cookie is replayed. Every state-changing request needs
+the admin role and the session's CSRF token; websockets need a session.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
-import os
 import secrets
-import tempfile
-import threading
-import time
 from functools import wraps
-from pathlib import Path
 from typing import Any, Callable
 
-from flask import abort, request, session
+from flask import abort, current_app, g, request, session
 
-FILENAME = "auth.json"
+from .authstore import AuthStore, digest
+
+__all__ = ["AuthStore", "digest", "login", "logout", "role", "session_key", "csrf_token", "check_csrf",
+           "admin_required", "login_required"]
+
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+def _store() -> AuthStore:
+    return current_app.extensions["pipeserve"].auth
 
 
-class AuthStore:
-    """The dashboard's credentials on disk (owner-only), behind a lock."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.path = Path(state_dir) / FILENAME
-        self._lock = threading.Lock()
-        self._data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
-
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".auth-")
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, json.dumps(self._data, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-
-    def secret_key(self) -> bytes:
-        """The session-signing key (kept, so logins survive a restart)."""
-        with self._lock:
-            if "secret_key" not in self._data:
-                self._data["secret_key"] = secrets.token_hex(32)
-                self._save()
-            return bytes.fromhex(self._data["secret_key"])
-
-    def ensure_admin_token(self) -> str | None:
-        """On first start: a new admin token (returned once, to print); afterwards None."""
-        with self._lock:
-            if self._data.get("admin_sha256"):
-                return None
-            token = secrets.token_urlsafe(24)
-            self._data["admin_sha256"] = _digest(token)
-            self._save()
-            return token
-
-    def reset_admin_token(self) -> str:
-        """Replace a lost admin token."""
-        with self._lock:
-            token = secrets.token_urlsafe(24)
-            self._data["admin_sha256"] = _digest(token)
-            self._save()
-            return token
-
-    def role_for(self, token: str) -> str | None:
-        """"admin", "viewer" or None for a presented token."""
-        digest = _digest(token.strip())
-        with self._lock:
-            if hmac.compare_digest(digest, self._data.get("admin_sha256", "")):
-                return "admin"
-            if any(hmac.compare_digest(digest, v["sha256"]) for v in self._data.get("viewers", [])):
-                return "viewer"
-        return None
-
-    def mint_viewer(self, label: str) -> tuple[str, str]:
-        """A new viewer token: (id, token); only the hash is kept."""
-        token, vid = secrets.token_urlsafe(24), secrets.token_hex(4)
-        with self._lock:
-            self._data.setdefault("viewers", []).append(
-                {"id": vid, "sha256": _digest(token), "label": label[:64], "created": time.time()})
-            self._save()
-        return vid, token
-
-    def viewers(self) -> list[dict[str, Any]]:
-        """Viewer links (without secrets)."""
-        with self._lock:
-            return [{k: v[k] for k in ("id", "label", "created")} for v in self._data.get("viewers", [])]
-
-    def revoke_viewer(self, vid: str) -> bool:
-        """Remove a viewer link; True when it existed."""
-        with self._lock:
-            before = self._data.get("viewers", [])
-            self._data["viewers"] = [v for v in before if v["id"] != vid]
-            if len(before) == len(self._data["viewers"]):
-                return False
-            self._save()
-            return True
-
-
-def login(role: str) -> None:
-    """Start a session with a fresh CSRF token."""
+def login(role: str, viewer: str | None = None) -> None:
+    """Start a server-side session (ending the cookie's previous one) with a fresh CSRF token."""
+    _store().close_session(session.get("sid"))
     session.clear()
-    session["role"] = role
+    session["sid"] = _store().open_session(role, viewer)
     session["csrf"] = secrets.token_urlsafe(24)
     session.permanent = True
+    g.pop("role", None)
+
+
+def logout() -> None:
+    """End the session on the server (a replayed cookie no longer works) and clear the cookie."""
+    _store().close_session(session.get("sid"))
+    session.clear()
+    g.pop("role", None)
 
 
 def role() -> str | None:
-    """The current session's role."""
-    return session.get("role")
+    """The current session's role: looked up on the server once per request."""
+    if "role" not in g:
+        g.role = _store().session_role(session.get("sid"))
+    return g.role
+
+
+def session_key() -> str | None:
+    """The current session's id (what websocket limits and re-checks are keyed on)."""
+    return session.get("sid") if role() else None
 
 
 def csrf_token() -> str:
@@ -131,7 +66,7 @@ def csrf_token() -> str:
 def check_csrf() -> None:
     """Abort 403 unless the request carries the session's CSRF token (header or form field)."""
     sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token", "")
-    if not session.get("csrf") or not hmac.compare_digest(sent, session["csrf"]):
+    if role() is None or not session.get("csrf") or not hmac.compare_digest(sent.encode(), session["csrf"].encode()):
         abort(403, description="missing or wrong CSRF token: reload the page")
 
 

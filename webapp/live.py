@@ -1,5 +1,10 @@
 """Websockets: live HTML fragments for browsers, a JSON feed for programs.
 
+Each socket is re-checked every POLL: when its session ends (log out, a revoked viewer link, a
+reset admin token) it is closed with code 4401, and the page goes to the login page. A
+session holds at most `guard.WS_PER_SESSION` sockets; one more is closed with 4429 and says
+why.
+
 Each socket has exactly one writer — the thread flask-sock runs the handler on — which
 waits on its own subscription to the orchestrator's events and pushes what changed.
 A (re)connecting browser first gets every component it shows, so it is never stale.
@@ -9,17 +14,20 @@ from __future__ import annotations
 
 import json
 import queue
-from typing import Any
+from typing import Any, Callable
 
-from flask import Flask, request
+from flask import Flask, current_app, request
 from flask_sock import ConnectionClosed, Sock
 
 from . import auth
-from .api import bearer_role, state_json
+from .api import bearer_token, state_json
 from .components import BY_NAME, affected, render
+from .guard import live_slots
 from .services import current_services, view_context
 
-POLL = 1.0  # seconds between checks that the peer is still there
+POLL = 0.5  # seconds between checks that the peer and its session are still there
+ENDED = 4401  # close code: no (more) session; the page goes to the login page
+TOO_MANY = 4429  # close code: the session holds too many sockets
 
 
 def _drain(q: queue.Queue, first: Any) -> list[Any]:
@@ -41,61 +49,102 @@ def _scrub(obj: Any) -> Any:
     return obj
 
 
+def _credential(allow_token: bool) -> tuple[str, Callable[[], bool]] | None:
+    """(slot key, still-valid check) for this socket's session or token; None without one.
+
+    The check reads the auth store (a stat, a re-read when it changed), so a session ended
+    by another request or by `--reset-admin-token` is noticed within one POLL.
+    """
+    store = current_services().auth
+    sid = auth.session_key()
+    if sid:
+        return sid, lambda: store.session_role(sid) is not None
+    token = bearer_token() if allow_token else ""
+    if token and store.role_for(token):
+        return "token:" + auth.digest(token), lambda: store.role_for(token) is not None
+    return None
+
+
+def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
+           push: Callable[[list[Any]], str | None]) -> None:
+    """Authenticate, hold a slot, send `first()`, then `push(events)` until the peer or the
+    session goes away."""
+    cred = _credential(allow_token)
+    if cred is None:
+        ws.close(ENDED, refusal)
+        return
+    key, valid = cred
+    orch = current_services().orchestrator
+    with live_slots(current_app).hold(key) as too_many:
+        if too_many:
+            ws.close(TOO_MANY, too_many)
+            return
+        q = orch.subscribe()
+        try:
+            ws.send(first())
+            while True:
+                try:
+                    events = _drain(q, q.get(timeout=POLL))
+                except queue.Empty:
+                    events = []
+                if not valid():
+                    ws.close(ENDED, "your session ended: log in again")
+                    return
+                if not events:
+                    if not ws.connected:
+                        return
+                    continue
+                message = push(events)
+                if message:
+                    ws.send(message)
+        except ConnectionClosed:
+            return
+        finally:
+            orch.bus.unsubscribe(q)
+
+
 def register(app: Flask) -> None:
     """Add the /ws (HTML) and /ws/events (JSON) routes."""
     sock = Sock(app)
 
     @sock.route("/ws")
     def html_feed(ws) -> None:
-        if auth.role() is None:
-            ws.close(1008, "log in first")
-            return
         names = [n for n in request.args.get("components", "").split(",") if n in BY_NAME]
         orch = current_services().orchestrator
         ctx = view_context()
-        q = orch.subscribe()
         # What this socket last sent per component: a component is pushed again only when its
         # HTML changed, so routine reports (a node's heartbeat) do not re-render forms under
         # the user's hands.
-        sent = {n: render(n, orch.state, ctx, oob=True) for n in names}
-        try:
-            ws.send("".join(sent.values()))
-            while True:
-                try:
-                    events = _drain(q, q.get(timeout=POLL))
-                except queue.Empty:
-                    if not ws.connected:
-                        return
-                    continue
-                changed = [n for n in names if any(n in affected(e.kind, names) for e in events)]
-                fresh = {n: render(n, orch.state, ctx, oob=True) for n in changed}
-                fresh = {n: html for n, html in fresh.items() if html != sent[n]}
-                if fresh:
-                    sent.update(fresh)
-                    ws.send("".join(fresh.values()))
-        except ConnectionClosed:
-            return
-        finally:
-            orch.bus.unsubscribe(q)
+        sent: dict[str, str] = {}
+
+        def first() -> str:
+            sent.update({n: render(n, orch.state, ctx, oob=True) for n in names})
+            return "".join(sent.values())
+
+        def push(events: list[Any]) -> str | None:
+            changed = [n for n in names if any(n in affected(e.kind, names) for e in events)]
+            fresh = {n: render(n, orch.state, ctx, oob=True) for n in changed}
+            fresh = {n: html for n, html in fresh.items() if html != sent[n]}
+            sent.update(fresh)
+            return "".join(fresh.values()) or None
+
+        _serve(ws, False, "log in first", first, push)
 
     @sock.route("/ws/events")
     def json_feed(ws) -> None:
-        if bearer_role() is None:
-            ws.close(1008, "send a session cookie or ?token=<viewer token>")
-            return
         orch = current_services().orchestrator
-        q = orch.subscribe()
-        try:
-            ws.send(json.dumps({"type": "state", "state": state_json(orch.state)}))
-            while True:
-                try:
-                    event = q.get(timeout=POLL)
-                except queue.Empty:
-                    if not ws.connected:
-                        return
-                    continue
-                ws.send(json.dumps({"type": "event", "event": _scrub(event.model_dump(mode="json"))}))
-        except ConnectionClosed:
-            return
-        finally:
-            orch.bus.unsubscribe(q)
+
+        def first() -> str:
+            return json.dumps({"type": "state", "state": state_json(orch.state)})
+
+        def push(events: list[Any]) -> str | None:
+            # one text message per event, as documented: send all but the last here
+            for e in events[:-1]:
+                ws.send(_event_json(e))
+            return _event_json(events[-1])
+
+        _serve(ws, True, "send a session cookie or ?token=<viewer token>", first, push)
+
+
+def _event_json(event: Any) -> str:
+    return json.dumps({"type": "event", "event": _scrub(event.model_dump(mode="json"))})

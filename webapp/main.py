@@ -1,15 +1,26 @@
 """`pipeserve dashboard`: the web dashboard, its orchestrator thread, under gunicorn.
 
-One process, threads (gunicorn's gthread worker, which flask-sock supports): the
-orchestrator owns state in one thread of that process. It is created here, in the serving
-entry point, never at import or in create_app.
+One process, gunicorn's gevent worker: every connection is a greenlet, so idle or slow
+clients and open websockets cost memory, not one of a fixed number of threads (with the
+threaded worker ~70 stalled sockets froze the dashboard; see README "Dashboard" and
+docs/security.md). The gevent worker monkey-patches the process before the app is built, so
+the orchestrator's threads are greenlets too; their work is I/O (HTTP to agents, zeroconf,
+files) that yields. A request's headers must arrive within KEEPALIVE_S or the connection is
+dropped. The orchestrator is created here, in the serving entry point, never at import or in
+create_app.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import sys
 from pathlib import Path
+
+ROUTER_TOKEN_ENV = "PIPESERVE_ROUTER_ADMIN_TOKEN"
+KEEPALIVE_S = 5  # the longest a client may take to send a request's headers (and idle between requests)
+CONNECTIONS = 4096  # simultaneous connections (greenlets); websockets are capped separately (webapp.guard)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,12 +32,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--router-config", type=Path, default=None,
                         help="continuum-router YAML to register clusters in (default: <state-dir>/router.yaml)")
     parser.add_argument("--router-admin-url", default=None, help="register through the router's admin API instead")
-    parser.add_argument("--router-admin-token", default=None, help="bearer token for the admin API")
+    parser.add_argument("--router-admin-token-file", type=Path, default=None,
+                        help=f"file holding the admin API's bearer token (or set ${ROUTER_TOKEN_ENV})")
+    # Refused with a pointer: a token on the command line is readable by every local user
+    # (/proc/PID/cmdline, ps).
+    parser.add_argument("--router-admin-token", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--discovery", action=argparse.BooleanOptionalAction, default=True,
                         help="browse the LAN for node agents (zeroconf)")
     parser.add_argument("--discovery-interface", action="append", default=None,
                         help="interface address to browse on (repeatable; default all)")
-    parser.add_argument("--threads", type=int, default=64, help="worker threads (each open websocket holds one)")
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # gthread era; ignored
     parser.add_argument("--reset-admin-token", action="store_true", help="print a new admin token and exit")
 
 
@@ -36,6 +51,16 @@ def run(args: argparse.Namespace) -> int:
 
     from .auth import AuthStore
 
+    if args.router_admin_token is not None:
+        print(f"pipeserve dashboard: --router-admin-token is refused (a command line is visible to every local "
+              f"user); put the token in a file and pass --router-admin-token-file FILE, or set ${ROUTER_TOKEN_ENV}",
+              file=sys.stderr, flush=True)
+        return 2
+    try:
+        router_admin_token(args)
+    except ValueError as exc:
+        print(f"pipeserve dashboard: {exc}", file=sys.stderr, flush=True)
+        return 2
     log = logs.setup("dashboard")
     auth = AuthStore(args.state_dir)
     if args.reset_admin_token:
@@ -48,17 +73,43 @@ def run(args: argparse.Namespace) -> int:
 
     class Server(BaseApplication):
         def load_config(self) -> None:
-            for key, value in {"bind": f"{args.host}:{args.port}", "workers": 1, "worker_class": "gthread",
-                               "threads": args.threads, "timeout": 120, "graceful_timeout": 10,
-                               "accesslog": None, "loglevel": "warning"}.items():
+            for key, value in {"bind": f"{args.host}:{args.port}", "workers": 1, "worker_class": "gevent",
+                               "worker_connections": CONNECTIONS, "keepalive": KEEPALIVE_S, "timeout": 120,
+                               "graceful_timeout": 10, "accesslog": None, "loglevel": "warning"}.items():
                 self.cfg.set(key, value)
 
         def load(self):
             return build(args, log)
 
+    _raise_open_files(CONNECTIONS + 256)
     log.info("dashboard.listening", url=f"http://{args.host}:{args.port}", router=args.router)
     Server().run()
     return 0
+
+
+def router_admin_token(args: argparse.Namespace) -> str | None:
+    """The router admin API's bearer token: from --router-admin-token-file, else the environment.
+
+    Raises ValueError (in words) when the file cannot be read or is empty.
+    """
+    path = getattr(args, "router_admin_token_file", None)
+    if path is not None:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"--router-admin-token-file {path}: {exc.strerror}") from None
+        if not token:
+            raise ValueError(f"--router-admin-token-file {path} is empty")
+        return token
+    return os.environ.get(ROUTER_TOKEN_ENV, "").strip() or None
+
+
+def _raise_open_files(wanted: int) -> None:
+    """Lift the soft open-files limit towards `wanted` (each connection is a file descriptor)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def build(args: argparse.Namespace, log):
@@ -70,8 +121,8 @@ def build(args: argparse.Namespace, log):
     from .auth import AuthStore
 
     if args.router_admin_url:
-        registrar = AdminApiRegistrar(args.router_admin_url,
-                                      auth=BearerAuth(args.router_admin_token) if args.router_admin_token else None)
+        token = router_admin_token(args)
+        registrar = AdminApiRegistrar(args.router_admin_url, auth=BearerAuth(token) if token else None)
     else:
         path = args.router_config or (args.state_dir / "router.yaml")
         if not path.exists():

@@ -6,6 +6,7 @@ from flask import Blueprint, abort, redirect, render_template, request, url_for
 
 from . import auth
 from .components import render
+from .guard import safe_next
 from .services import current_services, view_context
 
 bp = Blueprint("pages", __name__)
@@ -29,26 +30,27 @@ def login_form():
 @bp.post("/login")
 def login_submit():
     """Exchange a token for a session."""
-    role = current_services().auth.role_for(request.form.get("token", ""))
-    if role is None:
+    who = current_services().auth.identify(request.form.get("token", ""))
+    if who is None:
         return render_template("pages/login.html", error="That token is not valid.", ctx=view_context()), 401
-    auth.login(role)
-    return redirect(request.args.get("next") or url_for("pages.models"))
+    auth.login(*who)
+    return redirect(safe_next(request.args.get("next"), url_for("pages.models")))
 
 
 @bp.get("/viewer/<token>")
 def viewer_link(token: str):
     """A viewer link: log in as a viewer."""
-    if current_services().auth.role_for(token) != "viewer":
+    who = current_services().auth.identify(token)
+    if who is None or who[0] != "viewer":
         abort(401, description="This viewer link is not valid (it may have been revoked).")
-    auth.login("viewer")
+    auth.login(*who)
     return redirect(url_for("pages.models", tab="distributed"))
 
 
 @bp.post("/logout")
 def logout():
-    """End the session."""
-    auth.session.clear()
+    """End the session, on the server too: the old cookie stops working."""
+    auth.logout()
     return redirect(url_for("pages.login_form"))
 
 
