@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 
 from .schemas import DownloadInfo, Manifest
 
@@ -16,12 +17,18 @@ RATE_WINDOW_S = 3.0
 
 
 class DownloadError(Exception):
-    """A download failed; `code` is a stable word, `files` the files concerned."""
+    """A download failed; `code` is a stable word, `files` the files concerned.
 
-    def __init__(self, message: str, code: str = "download_failed", files: list[str] | None = None) -> None:
+    `keep_partial`: a later fetch of the same model can resume from the partial files (the
+    network went away, a ticket expired); otherwise the failed job's partial files are deleted.
+    """
+
+    def __init__(self, message: str, code: str = "download_failed", files: list[str] | None = None,
+                 keep_partial: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.files = files or []
+        self.keep_partial = keep_partial
 
 
 class DiskSpaceError(DownloadError):
@@ -60,6 +67,17 @@ class Job:
         self.finished: float | None = None
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self.thread: threading.Thread | None = None
+        # What a source expects to write before it knows the files (the demo import), so other
+        # jobs count it against the free disk; and the check a source calls once it knows its size.
+        self.reserved_bytes = 0
+        self.require_space: Callable[[int], None] = lambda needed: None
+
+    def outstanding(self) -> int:
+        """Bytes this job has still to write (conservative: files it could resume count as unwritten)."""
+        with self.lock:
+            if self.state != "running":
+                return 0
+            return max(0, max(self.total_bytes, self.reserved_bytes) - self.completed_bytes - self.current_bytes)
 
     def transferred(self, n: int) -> None:
         """Count `n` bytes received over the network into the current file."""

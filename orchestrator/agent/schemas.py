@@ -7,6 +7,7 @@ construction. Requests forbid unknown fields: a typo is an error, not a silent d
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -131,11 +132,31 @@ class TicketResponse(BaseModel):
 
 # --- downloads --------------------------------------------------------------------------
 
+_PEER_URL = re.compile(r"http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})):([0-9]{1,5})/?")
+
+
+def _peer_url(value: str) -> str:
+    """`value` if it is http://host:port (host a name, an IPv4 or a bracketed IPv6), else ValueError."""
+    m = _PEER_URL.fullmatch(value)
+    if not m or not 1 <= int(m.group(2)) <= 65535:
+        raise ValueError("must be http://host:port of the peer agent (no path, query, fragment or user info)")
+    if m.group(1).startswith("["):
+        ipaddress.IPv6Address(m.group(1)[1:-1])  # ValueError when it is not one
+    return value
+
+
 class PeerSource(_Request):
     kind: Literal["peer"]
-    url: str = Field(pattern=r"^https?://[^/\s]+/?$", max_length=256)  # the peer agent's root
+    # The peer agent's root, exactly http://host:port[/]: no path, query, fragment or user info,
+    # so the agent builds every URL it requests itself (see _peer_url).
+    url: str = Field(max_length=256)
     ticket: str = Field(min_length=16, max_length=256)  # from the peer's POST .../tickets
     model_id: str | None = None  # the model's id on the peer (default: the same id)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return _peer_url(value)
 
     @field_validator("model_id")
     @classmethod

@@ -20,8 +20,7 @@ from .commands import child_env, pipeserve_command
 from .inventory import sha256_file
 from .names import InvalidName, check_relpath
 from .schemas import DemoSource, FileEntry, HubSource, Manifest
-from .jobs import Cancelled, DiskSpaceError, DownloadError, Job
-from .transfer import DISK_MARGIN
+from .jobs import Cancelled, DownloadError, Job
 
 # Sizes of the demo import (SmolLM2-135M-Instruct) plus the wheel it is converted from.
 DEMO_BYTES = {"float32": 545_000_000 + 100_000_000, "bfloat16": 275_000_000 + 100_000_000}
@@ -35,13 +34,6 @@ def _compare(job: Job, got: dict[str, FileEntry]) -> None:
     bad = sorted({p for p in want if got.get(p) != want[p]} | {p for p in got if p not in want})
     if bad:
         raise DownloadError(f"mismatch: {', '.join(bad)} differ from the manifest", "mismatch", bad)
-
-
-def _require_space(root: Path, needed: int) -> None:
-    free = shutil.disk_usage(root).free
-    if needed + DISK_MARGIN > free:
-        raise DiskSpaceError(f"not enough disk space in {root}: needs {needed / 1e6:.1f} MB, "
-                             f"{free / 1e6:.1f} MB free", "insufficient_disk_space")
 
 
 def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) -> Manifest:
@@ -79,7 +71,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
                     log.warning("download.skipped_file", model=job.model_id, file=s.rfilename)
             with job.lock:
                 job.total_bytes, job.files_total = sum(v[0] for v in wanted.values()), len(wanted)
-        _require_space(files_dir, job.total_bytes)
+        job.require_space(job.total_bytes)  # counts the downloads in progress too
         got: dict[str, FileEntry] = {}
         for rel, (size, sha) in wanted.items():
             if job.cancel.is_set():
@@ -103,7 +95,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
         raise
     except Exception as exc:  # HfHubHTTPError, its HTTP client's connection errors, OSError: one clear failure
         raise DownloadError(f"hub {endpoint or 'https://huggingface.co'}: {type(exc).__name__}: {exc}",
-                            "hub_error") from None
+                            "hub_error", keep_partial=True) from None  # huggingface_hub resumes its files
     shutil.rmtree(files_dir / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
     _compare(job, got)
     return Manifest(files=got)
@@ -111,7 +103,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
 
 def import_demo(job: Job, source: DemoSource, files_dir: Path, log: EventLogger) -> Manifest:
     """Run `pipeserve import-demo-model` into the work directory (cancellable), then hash the result."""
-    _require_space(files_dir, DEMO_BYTES[source.dtype])
+    job.require_space(DEMO_BYTES[source.dtype])  # counts the downloads in progress too
     out = files_dir.parent / "import"
     shutil.rmtree(out, ignore_errors=True)
     proc = subprocess.Popen(pipeserve_command("import-demo-model", str(out), "--dtype", source.dtype),

@@ -18,20 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote
-
-import requests
-import urllib3.exceptions
 
 from ..logs import EventLogger
-from .inventory import CHUNK, Inventory, ModelNotFound
+from .inventory import Inventory, ModelNotFound
 from .jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
+from .peer import fetch_from_peer
 from .schemas import DownloadInfo, FetchRequest, Manifest, PeerSource
 from .state import write_private
 
-NETWORK_RETRIES = 3
 DISK_MARGIN = 16 << 20  # keep this much free beyond the download (logs, caches)
-RECV_CHUNK = 4 << 20  # fewer Python-level iterations per byte: measurably faster than 1 MiB on loopback
 
 
 class RateLimiter:
@@ -96,6 +91,7 @@ class Downloads:
                                    "cancel it first", "download_conflict")
                 return running.info(), False
             job = Job(model_id, label, key, manifest)
+            job.require_space = lambda needed: self._reserve(job, needed)
             if manifest is not None and present:
                 job.files_total = job.files_done = len(manifest.files)
                 job.completed_bytes = manifest.total_bytes
@@ -103,7 +99,7 @@ class Downloads:
                 self._jobs[model_id] = job
                 return job.info(), True
             if manifest is not None:  # before touching the disk: a refusal leaves nothing behind
-                self._check_disk(manifest, self._partial_bytes(model_id, key))
+                self._check_disk(max(0, manifest.total_bytes - self._partial_bytes(model_id, key)))
             work = self._prepare_work(model_id, key)
             self._jobs[model_id] = job
             job.thread = threading.Thread(target=self._run, args=(job, source, work), daemon=True,
@@ -142,14 +138,26 @@ class Downloads:
             write_private(work / "request.json", key)
         return work
 
-    def _check_disk(self, manifest: Manifest, have: int) -> None:
-        # Conservative: files that could be linked from a local copy are counted as needed.
-        needed = max(0, manifest.total_bytes - have)
+    def _check_disk(self, needed: int, exclude: Job | None = None) -> None:
+        """DiskSpaceError unless `needed` bytes fit beside what running jobs have still to write.
+
+        Called with the lock held, so two requests cannot both count the same free bytes.
+        Conservative: files that could be linked from a local copy are counted as needed.
+        """
+        pending = sum(j.outstanding() for j in self._jobs.values() if j is not exclude)
         free = shutil.disk_usage(self.inventory.root).free
-        if needed + DISK_MARGIN > free:
+        if needed + pending + DISK_MARGIN > free:
+            busy = f", downloads in progress will still write {pending / 1e6:.1f} MB" if pending else ""
             raise DiskSpaceError(f"not enough disk space in {self.inventory.root}: the download needs "
-                                 f"{needed / 1e6:.1f} MB (+{DISK_MARGIN >> 20} MiB margin), {free / 1e6:.1f} MB are free",
-                                 "insufficient_disk_space")
+                                 f"{needed / 1e6:.1f} MB (+{DISK_MARGIN >> 20} MiB margin){busy}, "
+                                 f"{free / 1e6:.1f} MB are free", "insufficient_disk_space")
+
+    def _reserve(self, job: Job, needed: int) -> None:
+        """For a source that learns its size while running: check it, and count it from now on."""
+        with self._lock:
+            self._check_disk(needed, exclude=job)
+            with job.lock:
+                job.reserved_bytes = needed
 
     def get(self, model_id: str) -> DownloadInfo:
         """The latest job of a model; LookupError when there is none."""
@@ -208,9 +216,13 @@ class Downloads:
                 shutil.rmtree(work, ignore_errors=True)
             self.log.info("download.cancelled", model=job.model_id, kept_partial=not job.discard)
         except DownloadError as exc:
+            if not exc.keep_partial:  # nothing a later fetch could resume: give the disk space back
+                shutil.rmtree(work, ignore_errors=True)
             job.finish("failed", exc)
-            self.log.error("download.failed", model=job.model_id, reason=exc, code=exc.code)
-        except Exception as exc:  # a bug or an OS error: report it on the job, never lose the thread silently
+            self.log.error("download.failed", model=job.model_id, reason=exc, code=exc.code,
+                           kept_partial=exc.keep_partial)
+        except Exception as exc:  # a bug or an OS error (a full disk): report it on the job, never lose the thread
+            shutil.rmtree(work, ignore_errors=True)
             self.log.error("download.failed", exc_info=True, model=job.model_id)
             job.finish("failed", DownloadError(f"{type(exc).__name__}: {exc}"))
 
@@ -251,103 +263,5 @@ class Downloads:
 
     def _from_peer(self, job: Job, source: PeerSource, files_dir: Path) -> Manifest:
         assert job.manifest is not None
-        linked = self._reuse_local(job, files_dir)
-        session = requests.Session()
-        session.trust_env = False  # a LAN peer is reached directly, never through a proxy from the environment
-        session.headers["Authorization"] = f"Bearer {source.ticket}"
-        remote = source.model_id or job.model_id
-        base = f"{source.url.rstrip('/')}/v1/models/{quote(remote, safe='')}/files/"
-        try:
-            for rel, entry in job.manifest.files.items():
-                if job.cancel.is_set():
-                    raise Cancelled
-                with job.lock:
-                    job.current_file = rel
-                target = files_dir / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if target.exists() and target.stat().st_size == entry.size:
-                    # Renamed from .part only after verification (or linked from a verified local copy).
-                    job.file_done(entry.size, "reused" if rel in linked else "resumed")
-                    continue
-                self._peer_file(job, session, base + quote(rel), target, rel, entry.size, entry.sha256)
-        finally:
-            session.close()
+        fetch_from_peer(job, source, files_dir, self._reuse_local(job, files_dir), self.log)
         return job.manifest
-
-    def _peer_file(self, job: Job, session: requests.Session, url: str, target: Path, rel: str,
-                   size: int, sha256: str) -> None:
-        part = target.with_name(target.name + ".part")
-        for attempt in range(2):
-            digest = self._stream(job, session, url, part, size)
-            if digest == sha256:
-                os.replace(part, target)
-                job.file_done(size)
-                return
-            part.unlink(missing_ok=True)
-            with job.lock:
-                job.current_bytes = 0
-            self.log.warning("download.corrupt_file", model=job.model_id, file=rel, attempt=attempt + 1)
-        raise DownloadError(f"mismatch: {rel} from the peer differs from the manifest (sha256 checked twice)",
-                            "mismatch", [rel])
-
-    def _stream(self, job: Job, session: requests.Session, url: str, part: Path, size: int) -> str:
-        """Fetch `url` into `part`, resuming what is there; returns the sha256 of the whole file."""
-        failures = 0
-        while True:
-            offset = part.stat().st_size if part.exists() else 0
-            if offset > size:
-                part.unlink()
-                offset = 0
-            digest = hashlib.sha256()
-            if offset:
-                with open(part, "rb") as f:
-                    for block in iter(lambda: f.read(CHUNK), b""):
-                        digest.update(block)
-                with job.lock:
-                    job.current_bytes = offset
-                    job.resumed_bytes += offset if failures == 0 else 0
-            if offset == size:
-                return digest.hexdigest()
-            try:
-                with session.get(url, headers={"Range": f"bytes={offset}-"} if offset else {},
-                                 stream=True, timeout=(5, 30)) as r:
-                    if r.status_code == 206 and r.headers.get("Content-Range", "").startswith(f"bytes {offset}-"):
-                        mode = "ab"
-                    elif r.status_code == 200:
-                        mode, digest = "wb", hashlib.sha256()  # the peer ignored the range: start over
-                        with job.lock:
-                            job.current_bytes = 0
-                    else:
-                        raise DownloadError(f"peer answered {r.status_code} for {url}: {_error_text(r)}",
-                                            "peer_error")
-                    with open(part, mode) as f:
-                        while True:
-                            block = r.raw.read(RECV_CHUNK)
-                            if not block:
-                                break
-                            if job.cancel.is_set():
-                                raise Cancelled
-                            f.write(block)
-                            digest.update(block)
-                            job.transferred(len(block))
-                        f.flush()
-                        os.fsync(f.fileno())
-                if part.stat().st_size != size:
-                    raise requests.ConnectionError(f"connection ended at byte {part.stat().st_size} of {size}")
-                return digest.hexdigest()
-            except (requests.ConnectionError, requests.Timeout, urllib3.exceptions.HTTPError, OSError) as exc:
-                if isinstance(exc, (FileNotFoundError, PermissionError)):
-                    raise
-                failures += 1
-                if failures > NETWORK_RETRIES:
-                    raise DownloadError(f"peer unreachable for {url}: {exc}", "peer_unreachable") from None
-                self.log.warning("download.retry", url=url, reason=exc, attempt=failures)
-                if job.cancel.wait(0.5 * failures):
-                    raise Cancelled from None
-
-
-def _error_text(r: requests.Response) -> str:
-    try:
-        return str(r.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return r.text[:200]
