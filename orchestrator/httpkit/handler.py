@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 
-DRAIN_LIMIT = 16 << 20  # an oversized body up to this size is read and dropped, so the client reads our 413
+LINGER_BYTES = 16 << 20  # after refusing a body, up to this much of it is read and dropped...
+LINGER_S = 2.0  # ...for at most this long, so the client can finish sending and then read our answer
 _LENGTH = re.compile(r"[0-9]{1,18}")
 
 
@@ -150,6 +151,13 @@ class Request:
         read, and every refusal closes the connection: unread body bytes must never be
         parsed as the next request.
         """
+        try:
+            return self._read()
+        except OpenAIError:
+            self.handler.close_connection = True  # whatever was not read must not become a request
+            raise
+
+    def _read(self) -> bytes:
         app = self.handler.server.app
         length = self._length()
         if length is None:
@@ -158,8 +166,6 @@ class Request:
             self.consumed = True
             return b""
         if length > app.max_body:
-            if length <= DRAIN_LIMIT:
-                self.consumed = self.handler.read_body(length, keep=False) is not None
             raise OpenAIError(413, f"request body over {app.max_body} bytes", code="body_too_large")
         data = self.handler.read_body(length)
         if data is None:
@@ -258,8 +264,8 @@ class Handler(BaseHTTPRequestHandler):
         self.reader.deadline = None  # the head is in; the body has its own deadline
         return ok
 
-    def read_body(self, length: int, keep: bool = True) -> bytes | None:
-        """Read `length` body bytes within body_timeout (dropped unless `keep`); None if it ended early."""
+    def read_body(self, length: int) -> bytes | None:
+        """Read `length` body bytes within body_timeout; None if the body ended early."""
         self.reader.deadline = time.monotonic() + self.server.limits.body_timeout
         try:
             parts, left = [], length
@@ -268,8 +274,7 @@ class Handler(BaseHTTPRequestHandler):
                 if not chunk:
                     return None
                 left -= len(chunk)
-                if keep:
-                    parts.append(chunk)
+                parts.append(chunk)
             return b"".join(parts)
         except TimeoutError:
             self.close_connection = True
@@ -331,9 +336,23 @@ class Handler(BaseHTTPRequestHandler):
         try:
             status = self._answer(app, request, raw_query)
         finally:
+            if self.close_connection and not request.consumed:
+                self._linger()
             if app.observe is not None:
                 app.observe(request, status)
 
+    def _linger(self) -> None:
+        """Closing with unread input resets the connection, and the client may lose our answer
+        while still uploading: stop sending, then read and drop its input for a bounded time."""
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.reader.deadline = time.monotonic() + LINGER_S
+            left = LINGER_BYTES
+            while left > 0 and (chunk := self.rfile.read1(min(left, 1 << 16))):
+                left -= len(chunk)
+        except OSError:  # timed out, reset: the connection is closed next anyway
+            pass
     def _answer(self, app: App, request: Request, raw_query: str) -> int:
         """Run the route; returns the status answered (499: the client left first)."""
         try:

@@ -31,7 +31,7 @@ from ..logs import EventLogger
 from .errors import RETRY_AFTER_S, overloaded
 from .handler import App, Handler
 
-REFUSERS = 16  # threads that may be answering "429, come back later" at once
+REFUSERS = 64  # threads that may be answering "429, come back later" at once
 REFUSE_LINGER_S = 1.0  # how long a refused client may take to send its request before we close
 
 
@@ -164,13 +164,17 @@ class Server(ThreadingHTTPServer):
 
 
 def _read_head(sock: socket.socket, limit: int = 65536) -> None:
+    """Read what the refused client sends first (up to its request head, or a silent second)."""
     got = b""
     deadline = time.monotonic() + REFUSE_LINGER_S
-    while b"\r\n\r\n" not in got and len(got) < limit and time.monotonic() < deadline:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return
-        got += chunk
+    try:
+        while b"\r\n\r\n" not in got and len(got) < limit and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            got += chunk
+    except TimeoutError:  # a silent client still gets its answer
+        return
 
 
 def _drain(sock: socket.socket) -> None:
