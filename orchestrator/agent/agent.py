@@ -9,11 +9,11 @@ from functools import partial
 from pathlib import Path
 
 from .. import __version__
+from ..httpkit import Server
 from ..logs import EventLogger
 from . import report as node_report
 from .discovery import Advertiser
 from .inventory import Inventory
-from .jsonhttp import JsonServer
 from .processes import ProcessManager
 from .schemas import Identity, Report
 from .server import make_server
@@ -56,7 +56,7 @@ class Agent:
                                    users=self.processes.users)
         self.limiter = RateLimiter(config.upload_limit) if config.upload_limit else None
         self.accelerator = node_report.detect_accelerator()  # fixed for the agent's life
-        self.server: JsonServer | None = None
+        self.server: Server | None = None
         self.advertiser: Advertiser | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

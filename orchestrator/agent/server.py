@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed, route
 from .inventory import ModelNotFound
-from .jsonhttp import HttpError, JsonServer, Request, Route, Streamed, route
 from .names import InvalidName, check_id, check_model_id
 from .processes import ProcessError
 from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, LeaseRequest, LeaseResponse,
@@ -42,28 +42,32 @@ def _errors(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
         try:
             return fn(request)
         except InvalidName as exc:
-            raise HttpError(400, str(exc), "invalid_name") from None
+            raise OpenAIError(400, str(exc), code="invalid_name") from None
         except DiskSpaceError as exc:
-            raise HttpError(507, str(exc), exc.code) from None
+            raise OpenAIError(507, str(exc), code=exc.code) from None
         except Conflict as exc:
-            raise HttpError(409, str(exc), exc.code) from None
+            raise OpenAIError(409, str(exc), code=exc.code) from None
         except DownloadError as exc:
-            raise HttpError(400, str(exc), exc.code) from None
+            raise OpenAIError(400, str(exc), code=exc.code) from None
         except ProcessError as exc:
-            raise HttpError(exc.status, str(exc), exc.code) from None
+            raise OpenAIError(exc.status, str(exc), code=exc.code) from None
         except (ModelNotFound, LookupError) as exc:
-            raise HttpError(404, str(exc.args[0] if exc.args else exc), "not_found") from None
+            raise OpenAIError(404, str(exc.args[0] if exc.args else exc), code="not_found") from None
 
     return wrapped
+
+
+def _unauthorized(message: str, code: str) -> OpenAIError:
+    return OpenAIError(401, message, code=code, headers={"WWW-Authenticate": 'Bearer realm="pipeserve-agent"'})
 
 
 def _int_query(request: Request, key: str, default: int, lo: int, hi: int) -> int:
     try:
         value = int(request.query.get(key, default))
     except ValueError:
-        raise HttpError(400, f"{key} must be an integer") from None
+        raise OpenAIError(400, f"{key} must be an integer") from None
     if not lo <= value <= hi:
-        raise HttpError(400, f"{key} must be between {lo} and {hi}")
+        raise OpenAIError(400, f"{key} must be between {lo} and {hi}")
     return value
 
 
@@ -79,7 +83,7 @@ def build_routes(agent: "Agent") -> list[Route]:
         if got is None:
             time.sleep(0.25)  # slows guessing; the token has 192 random bits anyway
             agent.log.warning("agent.pair_refused", client=request.handler.client_address[0])
-            raise HttpError(401, "wrong pairing token", "invalid_pairing_token")
+            raise _unauthorized("wrong pairing token", "invalid_pairing_token")
         credential, cred_id = got
         agent.log.info("agent.paired", credential_id=cred_id, label=body.label,
                        client=request.handler.client_address[0])
@@ -194,11 +198,11 @@ def _file_response(agent: "Agent", request: Request) -> Streamed:
         if header:
             m = _RANGE.fullmatch(header.strip())
             if not m:
-                raise HttpError(416, f"unsupported Range {header!r}: use one 'bytes=START-[END]'", "bad_range")
+                raise OpenAIError(416, f"unsupported Range {header!r}: use one 'bytes=START-[END]'", code="bad_range")
             start = int(m.group(1))
             end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
             if start >= size or end < start:
-                raise HttpError(416, f"range starts at {start}, the file has {size} bytes", "bad_range")
+                raise OpenAIError(416, f"range starts at {start}, the file has {size} bytes", code="bad_range")
             status = 206
     except BaseException:
         f.close()
@@ -228,7 +232,7 @@ def _file_response(agent: "Agent", request: Request) -> Streamed:
     return Streamed(status, headers, write)
 
 
-def make_server(agent: "Agent") -> JsonServer:
+def make_server(agent: "Agent") -> Server:
     """Bind the API on the agent's host and port."""
 
     def authorize(request: Request, access: str) -> None:
@@ -237,10 +241,14 @@ def make_server(agent: "Agent") -> JsonServer:
         scheme, _, token = (request.header("Authorization") or "").partition(" ")
         caller = agent.state.caller(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
         if caller is None:
-            raise HttpError(401, "missing or invalid credential: pair with POST /v1/pair, then send "
-                                 "'Authorization: Bearer <credential>'", "unauthorized")
+            raise _unauthorized("missing or invalid credential: pair with POST /v1/pair, then send "
+                                "'Authorization: Bearer <credential>'", "unauthorized")
         if caller.kind == "ticket" and (access != "file" or request.params.get("model_id") != caller.model_id):
-            raise HttpError(403, f"this ticket only reads the files of model {caller.model_id!r}", "forbidden")
+            raise OpenAIError(403, f"this ticket only reads the files of model {caller.model_id!r}", code="forbidden")
         request.context["caller"] = caller
 
-    return JsonServer((agent.config.host, agent.config.port), build_routes(agent), authorize, agent.log, MAX_BODY)
+    # A request without Content-Length has an empty body (POST /v1/unpair), which reads as {}.
+    app = App.of(build_routes(agent), MAX_BODY, authorize=authorize, empty_body_ok=True, log_hint="see the agent log")
+    # Progress polling would flood the log: successful GETs are not logged (quiet_reads).
+    return Server((agent.config.host, agent.config.port), app, agent.log, Limits().with_env(), name="pipeserve-agent",
+                  quiet_reads=True)

@@ -218,3 +218,13 @@ def test_unreachable_agent_is_an_agent_error_with_status_0():
     with pytest.raises(AgentError) as err:
         AgentClient("http://127.0.0.1:9", "x", timeout=2).report()
     assert err.value.status == 0 and err.value.code == "unreachable"
+
+
+def test_deeply_nested_json_on_the_open_pair_route_is_a_400_without_a_traceback(agent):
+    """Issue 9 item 5: `[` x 50,000 used to answer 500 with a traceback in the log."""
+    status, err = raw(agent, "POST", "/v1/pair", b"[" * 50_000)
+    assert status == 400 and "nested too deeply" in err["error"]["message"], err
+    status, err = raw(agent, "POST", "/v1/pair", b'{"token": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    assert status == 400, err
+    assert "Traceback" not in agent.output(400) and "internal_error" not in agent.output(400)
+    assert raw(agent, "GET", "/v1/identity")[0] == 200
