@@ -1,9 +1,11 @@
-"""A stage's slice of the model: load only its layers, and run them exactly as mlx-lm does.
+"""A stage's slice of the model: load only its layers, and run them with the family's own code.
 
-The forward pass mirrors `mlx_lm.models.llama.LlamaModel.__call__` (embed → mask from the
-first cache → layers → norm → head) so that greedy output through any split is bit-for-bit
-the single-process result. Decode steps of several requests can run as one micro-batch:
-projections and MLP batched, attention per request against its own KV cache.
+The stage builds the family's mlx-lm `Model`, lazily, and replaces what it does not own
+with the stand-ins of `stubs.py` before anything is read from disk. Every forward is the
+family's own `Model.__call__` over the whole (mostly skipped) layer list, with the
+family's own `make_cache()`: embedding scale, sliding-window and chunked masks built at
+global layer indices, per-layer cache types, final norm, head and soft-capping are all the
+family's code, so greedy output through any split is bit-for-bit the single-process result.
 """
 
 from __future__ import annotations
@@ -15,17 +17,16 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
-# Families whose decoder layer is the Llama block (q/k/v/o projections, RoPE, SwiGLU MLP):
-# they run the batched decode path. Others run one request at a time, still exactly.
-BATCHABLE_TYPES = {"llama", "mistral"}
+from . import support
+from .batch import BatchUnavailable, RowCaches, RowStates, batch_caches, install_row_attention, restore, snapshot
+from .stubs import Entry, Exit, Hollow, Skip
 
 
 class ShardError(RuntimeError):
-    """The model cannot be split as asked (bad range, unsupported layout)."""
+    """The model cannot be split as asked (bad range, unsupported family or layout)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,10 @@ class ModelInfo:
         """Read config.json; raises ShardError when it is missing or not a decoder LM."""
         try:
             cfg = json.loads((Path(model_dir) / "config.json").read_text())
+            cfg = {**cfg, **cfg.get("text_config", {})}  # multimodal layouts nest the decoder's config
             return cls(
                 model_type=cfg["model_type"],
-                num_layers=int(cfg["num_hidden_layers"]),
+                num_layers=layer_count(cfg),
                 hidden_size=int(cfg["hidden_size"]),
                 vocab_size=int(cfg["vocab_size"]),
                 tied=bool(cfg.get("tie_word_embeddings", True)),
@@ -56,10 +58,34 @@ class ModelInfo:
             raise ShardError(f"{model_dir}: not a usable MLX model directory ({exc})") from None
 
 
+def layer_count(cfg: dict[str, Any]) -> int:
+    """Decoder layers per config.json; hybrid families may give only their per-layer pattern."""
+    if cfg.get("num_hidden_layers") is not None:
+        return int(cfg["num_hidden_layers"])
+    for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
+        if isinstance(cfg.get(key), (list, str)):
+            return len(cfg[key])
+    raise KeyError("num_hidden_layers")
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json as a dict; ShardError when unreadable."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ShardError(f"{model_dir}: not a usable MLX model directory ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ShardError(f"{model_dir}: config.json is not an object")
+    return cfg
+
+
 class StageModel:
-    """Layers [start, end) of a model, plus embedding (first stage) and norm/head (last)."""
+    """Layers [start, end) of a model, plus the embedding (first stage) and norm/head (last)."""
 
     def __init__(self, model_dir: Path, start: int, end: int) -> None:
+        reason = support.unsupported_reason(read_config(model_dir))
+        if reason:
+            raise ShardError(f"cannot serve this model exactly: {reason}")
         self.info = ModelInfo.read(model_dir)
         if not 0 <= start < end <= self.info.num_layers:
             raise ShardError(f"layers {start}-{end - 1} outside the model's 0-{self.info.num_layers - 1}")
@@ -67,34 +93,32 @@ class StageModel:
         self.first = start == 0
         self.last = end == self.info.num_layers
         model, _ = load_model(Path(model_dir), lazy=True)
-        inner = getattr(model, "model", None)
-        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
-            raise ShardError(f"model_type {self.info.model_type!r} does not have the Llama layout")
+        layers = _layer_list(model)
+        if len(layers) != self.info.num_layers:
+            raise ShardError(f"the model has {len(layers)} layers, config.json says {self.info.num_layers}")
+        self.dtype = _activation_dtype(model, layers[start])
         # Prune before evaluating: lazily-loaded tensors we drop are never read from disk.
-        self.layers = list(inner.layers[start:end])
-        inner.layers = [None] * start + self.layers
-        self.embed = inner.embed_tokens if (self.first or (self.last and self.info.tied)) else None
-        self.norm = inner.norm if self.last else None
-        self.head = getattr(model, "lm_head", None) if (self.last and not self.info.tied) else None
-        if not (self.first or (self.last and self.info.tied)):
-            del inner.embed_tokens
-        if not self.last:
-            del inner.norm
-            if hasattr(model, "lm_head"):
-                del model.lm_head
+        for i in [*range(start), *range(end, len(layers))]:
+            layers[i] = Skip(layers[i])
+        self._entry = None if self.first else Entry(layers[start])
+        if self._entry is not None:
+            layers[start] = self._entry
+        self._exit = None if self.last else Exit(layers[end - 1])
+        if self._exit is not None:
+            layers[end - 1] = self._exit
+        _hollow_ends(model, first=self.first, last=self.last, hidden=self.info.hidden_size, dtype=self.dtype)
         self._model = model
         mx.eval(model.parameters())
-        self.dtype = self._param_dtype()
-        self.batchable = self.info.model_type in BATCHABLE_TYPES and all(_is_llama_block(l) for l in self.layers)
+        install_row_attention()
+        # Decode steps of several requests run as one forward until a step shows the family
+        # cannot be batched exactly (batch.py); then one request at a time, still exact.
+        self.batchable = True
+        self.batch_refusal: str | None = None
 
     @property
     def layer_range(self) -> tuple[int, int]:
         """Half-open (start, end) of the layers this stage runs."""
         return self.start, self.end
-
-    def _param_dtype(self) -> mx.Dtype:
-        norm_weight = self.layers[0].input_layernorm.weight
-        return norm_weight.dtype
 
     @property
     def weight_bytes(self) -> int:
@@ -102,65 +126,128 @@ class StageModel:
         return sum(v.nbytes for _, v in nn.utils.tree_flatten(self._model.parameters()))
 
     def make_cache(self) -> list[Any]:
-        """A fresh KV cache for this stage's layers (one request)."""
-        return [KVCache() for _ in self.layers]
+        """A fresh cache for one request: the family's own `make_cache()`, whole model long.
 
-    def run_layers(self, x: mx.array, cache: list[Any]) -> mx.array:
-        """Embed (first stage) and run this stage's layers over one request's [1, L] tokens or [1, L, H] hidden."""
-        h = self.embed(x) if self.first else x
-        mask = create_attention_mask(h, cache[0])
-        for layer, c in zip(self.layers, cache):
-            h = layer(h, mask, cache=c)
-        return h
+        Entries of skipped layers only count positions (zero-width keys); they keep the masks
+        a family builds from a particular layer's cache right at any split point.
+        """
+        if hasattr(self._model, "make_cache"):
+            return self._model.make_cache()
+        return [KVCache() for _ in range(self.info.num_layers)]
 
-    def logprobs(self, h: mx.array) -> mx.array:
-        """Last stage: norm, head, last position, log-softmax, as `generate_step` computes them: [1, V]."""
-        logits = self._head(self.norm(h))[:, -1, :]
-        return logits - mx.logsumexp(logits, keepdims=True)
+    def forward(self, x: mx.array, cache: list[Any]) -> mx.array:
+        """Run the family's forward for one request.
 
-    def logprobs_rows(self, hs: list[mx.array]) -> list[mx.array]:
-        """`logprobs` of several requests in one head GEMM: a [1, V] array per request, each equal
-        to `logprobs(h)` of that request (the head and the norm work row by row)."""
-        h = mx.concatenate([x[:, -1:, :] for x in hs], axis=0)  # [B, 1, H]
-        logits = self._head(self.norm(h))[:, -1, :]
-        lps = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return [lps[b:b + 1] for b in range(len(hs))]
+        `x` is [1, L] token ids on the first stage, [1, L, H] hidden states elsewhere. Returns
+        the hidden state after this stage's last layer, or on the last stage the logits
+        [1, L, V] (lazy: a prefill chunk evaluates only the caches, never the head).
+        """
+        if self._entry is not None:
+            self._entry.feed(x)
+            x = mx.zeros(x.shape[:2], mx.int32)  # token ids the embedding stand-in turns into zeros
+        out = self._model(x, cache=cache)
+        return out if self._exit is None else self._exit.take()
 
-    def _head(self, h: mx.array) -> mx.array:
-        return self.embed.as_linear(h) if self.head is None else self.head(h)
+    def forward_batch(self, xs: list[mx.array], caches: list[list[Any]]) -> list[mx.array]:
+        """One decode step (L=1) for several requests that have each seen at least one token.
 
-    def run_layers_batch(self, xs: list[mx.array], caches: list[list[Any]]) -> list[mx.array]:
-        """One decode step (L=1) for several requests at once; each row equals its solo result."""
-        h = mx.concatenate([self.embed(x) if self.first else x for x in xs], axis=0)  # [B, 1, H]
-        for i, layer in enumerate(self.layers):
-            h = _block_batch(layer, h, [c[i] for c in caches])
-        return [h[b:b + 1] for b in range(h.shape[0])]
+        Returns what `forward` returns for each request, bit for bit: one batched forward when
+        the family allows it (batch.py), otherwise (or after a refused step, with every cache
+        restored) one forward per request.
+        """
+        if self.batchable:
+            saved = snapshot(caches)
+            try:
+                return self._forward_rows(xs, caches)
+            except Exception as exc:  # nothing was evaluated: restore and run the rows one by one
+                restore(caches, saved)
+                self.batchable, self.batch_refusal = False, f"{type(exc).__name__}: {exc}"
+        return [self.forward(x, c) for x, c in zip(xs, caches)]
+
+    def _forward_rows(self, xs: list[mx.array], caches: list[list[Any]]) -> list[mx.array]:
+        rows = batch_caches(caches)
+        out = self.forward(mx.concatenate(xs, axis=0), rows)
+        if not all(r.consumed() for r in rows if isinstance(r, RowCaches)):
+            raise BatchUnavailable("the family's attention does not go through mlx-lm's shared attention")
+        for r in rows:
+            if isinstance(r, RowStates):
+                r.write_back()
+        return [out[b:b + 1] for b in range(len(xs))]
+
+    def logprobs(self, logits: mx.array) -> mx.array:
+        """Last stage: the last position's log-softmax, as `generate_step` computes it: [1, V]."""
+        last = logits[:, -1, :]
+        return last - mx.logsumexp(last, keepdims=True)
 
 
-def _is_llama_block(layer: nn.Module) -> bool:
-    attn = getattr(layer, "self_attn", None)
-    return (
-        attn is not None
-        and all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads", "n_kv_heads", "scale"))
-        and not hasattr(attn, "q_norm")
-        and hasattr(layer, "mlp") and hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
-    )
+def _layer_list(model: nn.Module) -> list[nn.Module]:
+    """The model's own list object holding its decoder layers (edited in place)."""
+    try:
+        layers = model.layers
+    except AttributeError:
+        raise ShardError(f"{type(model).__module__} has no layer list") from None
+    if not layers:
+        raise ShardError("the model has no layers")
+    target = layers[0]
+    for _, module in model.named_modules():
+        for value in module.values():
+            if isinstance(value, list) and len(value) == len(layers) and value and value[0] is target:
+                return value
+    raise ShardError(f"{type(model).__module__}: cannot locate the layer list to split")
 
 
-def _block_batch(layer: nn.Module, x: mx.array, caches: list[Any]) -> mx.array:
-    """The Llama TransformerBlock for B single-token rows, each attending to its own cache."""
-    attn = layer.self_attn
-    r = layer.input_layernorm(x)
-    q, k, v = attn.q_proj(r), attn.k_proj(r), attn.v_proj(r)
-    outs = []
-    for b, cache in enumerate(caches):
-        qb = q[b:b + 1].reshape(1, 1, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        kb = k[b:b + 1].reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        vb = v[b:b + 1].reshape(1, 1, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        qb = attn.rope(qb, offset=cache.offset)
-        kb = attn.rope(kb, offset=cache.offset)
-        kb, vb = cache.update_and_fetch(kb, vb)
-        o = scaled_dot_product_attention(qb, kb, vb, cache=cache, scale=attn.scale, mask=None)
-        outs.append(o.transpose(0, 2, 1, 3).reshape(1, 1, -1))
-    h = x + attn.o_proj(mx.concatenate(outs, axis=0))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+def _activation_dtype(model: nn.Module, layer: nn.Module) -> mx.Dtype:
+    """The dtype hidden states have between layers: the layer's first floating, non-scale tensor."""
+    for name, value in nn.utils.tree_flatten(layer.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(("scales", "biases")):
+            return value.dtype
+    for name, value in nn.utils.tree_flatten(layer.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return value.dtype
+    return mx.float32
+
+
+def _hollow_ends(model: nn.Module, *, first: bool, last: bool, hidden: int, dtype: mx.Dtype) -> None:
+    """Replace the embedding / final norm / head the stage does not own by weightless stand-ins.
+
+    Outside the layer list: embeddings belong to the first stage (and the last when the head
+    is tied to them, i.e. there is no separate output projection); linear heads and norms to
+    the last. Anything else (rare, small) stays on every stage.
+    """
+    parts = _outer_parts(model)
+    tied = not any(role == "head" for role, _, _ in parts)
+    for role, parent, key in parts:
+        keep = {"embedding": first or (last and tied), "head": last, "norm": last}.get(role, True)
+        if not keep:
+            parent[key] = Hollow(role, hidden, dtype)
+
+
+def _outer_parts(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(role, parent, key) of each top-level part with weights outside the layer list."""
+    layers = _layer_list(model)
+    found: list[tuple[str, nn.Module, str]] = []
+
+    def visit(module: nn.Module) -> None:
+        for key, value in module.items():
+            if value is layers or not isinstance(value, nn.Module):
+                continue
+            role = _role(value)
+            if role is None:
+                visit(value)
+            else:
+                found.append((role, module, key))
+
+    visit(model)
+    return found
+
+
+def _role(module: nn.Module) -> str | None:
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+        return "embedding"
+    if isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        return "head"
+    if "norm" in type(module).__name__.lower():
+        return "norm"
+    if any(isinstance(v, mx.array) for v in module.values()):
+        return "other"
+    return None

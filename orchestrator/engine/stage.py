@@ -271,7 +271,7 @@ class Stage:
             else:
                 try:
                     work.append((f, state, from_frame(f, first=self.model.first, hidden=self.model.info.hidden_size,
-                                                         vocab=self.model.info.vocab_size, dtype=self.model.dtype)))
+                                                         vocab=self.model.info.vocab_size)))
                 except ValueError as exc:
                     self._error(f.request_id, f"stage {self.index}: {exc}")
         if not work:
@@ -302,31 +302,23 @@ class Stage:
 
     def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
         model = self.model
-        singles = all(x.shape[1] == 1 for _, _, x in work)
-        if len(work) > 1 and singles and model.batchable:
-            hs = model.run_layers_batch([x for _, _, x in work], [s.cache for _, s, _ in work])
+        decode = all(x.shape[1] == 1 and s.position > 0 for _, s, x in work)
+        if len(work) > 1 and decode and model.batchable:
+            hs = model.forward_batch([x for _, _, x in work], [s.cache for _, s, _ in work])
         else:
-            hs = [model.run_layers(x, s.cache) for _, s, x in work]
+            hs = [model.forward(x, s.cache) for _, s, x in work]
         for (f, s, x), h in zip(work, hs):
             s.position += x.shape[1]
+        states = [c.state for _, s, _ in work for c in s.cache]
         if not model.last:
-            mx.eval(hs)
+            mx.eval(hs, states)
             return [to_frame(f.request_id, f.position, h, f.flags & (Flag.SAMPLE | Flag.SOLO)) for (f, _, _), h in zip(work, hs)]
         results = []
-        sampled = [(f, s, h) for (f, s, _), h in zip(work, hs) if f.flags & Flag.SAMPLE]
-        if sampled:
-            # One norm + head GEMM for all sampled rows: the head (vocab x hidden) is the last
-            # stage's largest matrix, and a GEMM of 1 row costs as much as one of 4. Row b equals
-            # logprobs(h_b) bit for bit.
-            rows = model.logprobs_rows([h for _, _, h in sampled])
-            tokens = [s.sampler.sample(lp) for (_, s, _), lp in zip(sampled, rows)]
-            mx.eval(tokens, rows)
-            for (f, s, _), lp, token in zip(sampled, rows, tokens):
-                tok = int(token.item())
-                results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(tok, lp)))
-        rest = [s for (f, s, _) in work if not f.flags & Flag.SAMPLE]
-        if rest:
-            mx.eval([c.state for s in rest for c in s.cache])
+        sampled = [(f, s, model.logprobs(h)) for (f, s, _), h in zip(work, hs) if f.flags & Flag.SAMPLE]
+        tokens = [s.sampler.sample(lp) for _, s, lp in sampled]
+        mx.eval(tokens, [lp for _, _, lp in sampled], states)  # a prefill chunk's head is never computed
+        for (f, s, lp), token in zip(sampled, tokens):
+            results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(int(token.item()), lp)))
         if results:
             self._send_coordinator(results)
         return []

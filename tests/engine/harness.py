@@ -61,12 +61,12 @@ def split_in_process(stages: list[StageModel], prompt: list[int], max_tokens: in
 
     def through(x: mx.array) -> mx.array:
         for s, c in zip(stages, caches):
-            x = s.run_layers(x, c)
+            x = s.forward(x, c)
         return x
 
     for start in range(0, len(prompt) - 1, prefill_step):
-        h = through(mx.array(prompt[start:min(start + prefill_step, len(prompt) - 1)])[None])
-        mx.eval(h)
+        through(mx.array(prompt[start:min(start + prefill_step, len(prompt) - 1)])[None])
+        mx.eval([c.state for cache in caches for c in cache])
     out, token = [], prompt[-1]
     for _ in range(max_tokens):
         lp = stages[-1].logprobs(through(mx.array([token])[None]))

@@ -57,7 +57,12 @@ def test_concurrent_requests_each_equal_their_solo_run(model_factory, launch):
 
 
 def test_micro_batching_runs_several_requests_in_one_step(model_factory):
-    """The batched decode path gives each row its solo result (checked in-process, step by step)."""
+    """The batched decode path really batches, and gives each row its solo tokens.
+
+    Bit-identity of batched rows is a property of the BLAS (OpenBLAS, loaded here, picks a
+    different kernel for one row than for several at some widths); `test_families.py`
+    proves it bit for bit under the reference BLAS.
+    """
     import mlx.core as mx
 
     model = model_factory()
@@ -66,25 +71,28 @@ def test_micro_batching_runs_several_requests_in_one_step(model_factory):
     solo_caches = [stage.make_cache() for _ in prompts]
     batch_caches = [stage.make_cache() for _ in prompts]
     for p, c1, c2 in zip(prompts, solo_caches, batch_caches):
-        mx.eval(stage.run_layers(mx.array(p)[None], c1), stage.run_layers(mx.array(p)[None], c2))
+        stage.forward(mx.array(p)[None], c1), stage.forward(mx.array(p)[None], c2)
+        mx.eval([c.state for c in c1 + c2])
     tokens = [1, 2, 3]
     for _ in range(5):
-        solo = [stage.logprobs(stage.run_layers(mx.array([t])[None], c)) for t, c in zip(tokens, solo_caches)]
-        hs = stage.run_layers_batch([mx.array([t])[None] for t in tokens], batch_caches)
+        solo = [stage.logprobs(stage.forward(mx.array([t])[None], c)) for t, c in zip(tokens, solo_caches)]
+        hs = stage.forward_batch([mx.array([t])[None] for t in tokens], batch_caches)
         batched = [stage.logprobs(h) for h in hs]
+        assert stage.batchable, f"the step was not batched: {stage.batch_refusal}"
         for a, b in zip(solo, batched):
-            assert mx.array_equal(a, b).item(), "a batched row differs from its solo step"
+            assert mx.argmax(a).item() == mx.argmax(b).item(), "a batched row picked another token"
+            assert mx.abs(a - b).max().item() < 1e-4, "a batched row differs from its solo step"
         tokens = [int(mx.argmax(x).item()) for x in solo]
 
 
 class _MaskDropped(StageModel):
     """A deliberately broken stage: attends without the causal mask during prefill."""
 
-    def run_layers(self, x, cache):
-        h = self.embed(x) if self.first else x
-        for layer, c in zip(self.layers, cache):
-            h = layer(h, None, cache=c)
-        return h
+    def make_cache(self):
+        caches = super().make_cache()
+        for c in caches:
+            c.make_mask = lambda *a, **k: None
+        return caches
 
 
 @pytest.mark.parametrize("broken", ["layer-skipped", "mask-dropped"])

@@ -1,0 +1,159 @@
+"""Micro-batched decode with the family's own code: B requests, one forward, each row exact.
+
+A decode step of B requests runs the family's `Model.__call__` once on [B, 1] inputs, so
+every projection, MLP and MoE reads its weights once for all rows. Attention cannot be
+batched exactly (each request has its own cache and length), so each layer sees a
+`RowCaches`: it updates every request's own cache, hands the family placeholder keys, and
+the family's call of mlx-lm's shared `scaled_dot_product_attention` is answered row by
+row against each request's real keys — the very computation of a solo step.
+
+Exactness is by construction or not at all: if a family uses the fetched keys in any other
+way (its own attention code, MLA's absorbed projections), reads a per-row offset as a
+Python number, or hands a per-row mask to code that expects an array, the placeholders go
+unconsumed or an error is raised before anything is evaluated; the caller then restores
+every cache and runs the rows one by one (`BatchUnavailable`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
+
+
+class BatchUnavailable(RuntimeError):
+    """This step cannot run as one batch exactly; run its rows one by one."""
+
+
+class RowCaches:
+    """One layer's caches of B requests, presented to the family's code as one batch cache."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+        self.placeholders: tuple[mx.array, mx.array] | None = None
+        self.fetched: list[tuple[mx.array, mx.array]] = []
+
+    @property
+    def offset(self) -> int | mx.array:
+        """Per-row positions (an array RoPE applies row by row), or one int when all agree."""
+        offsets = [r.offset for r in self.rows]
+        return offsets[0] if len(set(offsets)) == 1 else mx.array(offsets)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Update every request's own cache with its row; return placeholders for `attend`."""
+        if self.placeholders is not None:
+            raise BatchUnavailable("a layer fetched its cache twice in one step")
+        self.fetched = [r.update_and_fetch(keys[b:b + 1], values[b:b + 1]) for b, r in enumerate(self.rows)]
+        self.placeholders = (keys, values)
+        return keys, values
+
+    def make_mask(self, n: int, **kwargs: Any) -> Any:
+        """Each row's own mask; None when no row needs one (a decode step without window)."""
+        masks = [r.make_mask(n, **kwargs) for r in self.rows]
+        if all(m is None for m in masks):
+            return None
+        return RowMasks(masks)
+
+    def consumed(self) -> bool:
+        """Whether the family's attention consumed the placeholders through `attend` (or never fetched)."""
+        return self.placeholders is None
+
+    def attend(self, queries: mx.array, keys: mx.array, values: mx.array, mask: Any,
+               original: Callable[..., mx.array], **kwargs: Any) -> mx.array:
+        """The family's attention call, row by row against each request's real keys."""
+        if self.placeholders is None or keys is not self.placeholders[0] or values is not self.placeholders[1]:
+            raise BatchUnavailable("attention keys were transformed after the cache fetch")
+        if isinstance(mask, mx.array):
+            raise BatchUnavailable("a batch-wide mask array cannot be split by row")
+        self.placeholders = None
+        masks = mask.masks if isinstance(mask, RowMasks) else [mask] * len(self.rows)
+        outs = [original(queries[b:b + 1], k, v, cache=r, mask=m, **kwargs)
+                for b, (r, (k, v), m) in enumerate(zip(self.rows, self.fetched, masks))]
+        return mx.concatenate(outs, axis=0)
+
+    def __getattr__(self, key: str) -> Any:
+        # Any other cache attribute a family reads (bits, lengths, ...): only when every row agrees.
+        values = [getattr(r, key) for r in self.__dict__["rows"]]
+        if any(callable(v) for v in values) or any(v is not values[0] and v != values[0] for v in values[1:]):
+            raise BatchUnavailable(f"cache attribute {key!r} differs by row")
+        return values[0]
+
+
+class RowStates(ArraysCache):
+    """One recurrent layer's states (linear attention, SSM) of B requests, stacked by row."""
+
+    def __init__(self, rows: list[ArraysCache]) -> None:
+        super().__init__(len(rows[0].cache))
+        self.rows = rows
+        for i in range(len(self.cache)):
+            parts = [r.cache[i] for r in rows]
+            if all(p is None for p in parts):
+                continue  # a layer this stage skips: it never holds a state
+            if any(p is None for p in parts):
+                raise BatchUnavailable("a request has no recurrent state yet")
+            self.cache[i] = mx.concatenate(parts, axis=0)
+
+    def write_back(self) -> None:
+        """Give every request its row of the new states."""
+        for b, r in enumerate(self.rows):
+            for i, state in enumerate(self.cache):
+                if state is not None:
+                    r.cache[i] = state[b:b + 1]
+
+
+class RowMasks:
+    """Per-row masks of one batched step; only `RowCaches.attend` knows how to use them."""
+
+    def __init__(self, masks: list[Any]) -> None:
+        self.masks = masks
+
+
+def batch_caches(caches: list[list[Any]]) -> list[Any]:
+    """Layer by layer, the B requests' caches as one batch cache (RowStates or RowCaches)."""
+    out = []
+    for layer_caches in zip(*caches):
+        if all(type(c) is ArraysCache for c in layer_caches):
+            out.append(RowStates(list(layer_caches)))
+        elif all(hasattr(c, "update_and_fetch") for c in layer_caches):
+            out.append(RowCaches(list(layer_caches)))
+        else:
+            raise BatchUnavailable(f"no batched form for {type(layer_caches[0]).__name__}")
+    return out
+
+
+def snapshot(caches: list[list[Any]]) -> list[list[dict[str, Any]]]:
+    """Every cache's fields (MLX arrays are immutable values, so references suffice)."""
+    return [[{k: list(v) if isinstance(v, list) else v for k, v in vars(c).items()} for c in cache]
+            for cache in caches]
+
+
+def restore(caches: list[list[Any]], saved: list[list[dict[str, Any]]]) -> None:
+    """Put every cache back as `snapshot` found it."""
+    for cache, fields in zip(caches, saved):
+        for c, f in zip(cache, fields):
+            vars(c).clear()
+            vars(c).update(f)
+
+
+def install_row_attention() -> None:
+    """Let mlx-lm's shared attention answer `RowCaches` row by row (idempotent).
+
+    Families import `scaled_dot_product_attention` from `mlx_lm.models.base` into their own
+    module, so the wrapper is set there; for any other cache it is the original function.
+    """
+    from mlx_lm.models import base
+
+    original = getattr(base.scaled_dot_product_attention, "row_original", base.scaled_dot_product_attention)
+
+    def attention(queries, keys, values, cache, scale, mask, **kwargs):  # noqa: ANN001 - mlx-lm's signature
+        if isinstance(cache, RowCaches):
+            return cache.attend(queries, keys, values, mask, original, scale=scale, **kwargs)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
+
+    attention.row_original = original  # type: ignore[attr-defined]
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "scaled_dot_product_attention", None) is not None:
+            if not hasattr(module.scaled_dot_product_attention, "row_original"):
+                module.scaled_dot_product_attention = attention
