@@ -7,7 +7,8 @@ events (`sse`). No web framework: the engine and the agent must not depend on on
 """
 
 from .errors import OpenAIError, overloaded
-from .handler import App, Handler, Raw, Request, Route, Streamed, parse_json, route, validate
+from .handler import App, Handler, Route, route
+from .request import Raw, Request, Streamed, parse_json, validate
 from .server import Limits, Server
 from .sse import EventStream
 
