@@ -3,9 +3,12 @@
 Each process is keyed by (cluster id, node id), which makes a retried start harmless: the
 same request finds the process it started. A process runs in its own session (process
 group), so a stop reaches everything it spawned; its output goes to a file in the state
-directory (not a pipe), so it outlives an agent restart, after which the agent re-adopts it
-by pid and start time and keeps enforcing its lease. A lease is renewed by the control
-plane; when it lapses (the dashboard died or lost the network) the agent stops the process.
+directory (not a pipe). A lease is renewed by the control plane; when it lapses (the
+dashboard died or lost the network) the agent stops the process. An agent that dies without
+stopping its processes (SIGKILL, a crash) cannot enforce anything, so each child watches its
+parent itself (`orchestrator.engine.parent_watch`, told the agent's pid in its environment)
+and stops when the agent is gone. A restarted agent reads the records it left behind,
+re-adopts by pid and start time whatever still runs, and reports the rest as exited.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -24,10 +26,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..engine.config import ClusterConfig, ConfigError
+from ..engine.parent_watch import PARENT_PID_ENV
 from ..logs import EventLogger
 from .commands import SECRET_ENV, child_env, pipeserve_command
 from .inventory import Inventory
-from .report import command_output, process_rss
+from .probes import port_listening, process_identity as _identity
+from .report import process_rss
 from .schemas import ProcessInfo, StartProcessRequest
 from .state import private_dir, write_private
 
@@ -40,62 +44,6 @@ class ProcessError(Exception):
     def __init__(self, status: int, message: str, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
-
-
-def _identity(pid: int) -> str | None:
-    """Something that tells this process apart from a later one with the same pid: its start time."""
-    if Path("/proc").is_dir():
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]  # field 22, starttime
-        except (OSError, IndexError):
-            return None
-    return command_output(["ps", "-o", "lstart=", "-p", str(pid)]) or None
-
-
-def port_listening(host: str, port: int, pid: int | None = None) -> bool:
-    """Whether `port` is listening — by process `pid` when given (a stage listens only once its
-    layers are loaded; another program holding the port must not count as the stage).
-
-    On Linux the kernel's socket table answers without touching the listener: a test
-    connection would make the stage log a refused handshake on every status poll.
-    """
-    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
-    if tables[0].exists():
-        wanted = f":{port:04X}"
-        inodes: set[str] = set()
-        for table in tables:
-            try:
-                lines = table.read_text().splitlines()[1:]
-            except OSError:
-                continue
-            for line in lines:
-                fields = line.split()
-                if len(fields) > 9 and fields[1].endswith(wanted) and fields[3] == "0A":  # 0A = LISTEN
-                    inodes.add(fields[9])
-        if not inodes or pid is None:
-            return bool(inodes)
-        return _owns_socket(pid, inodes)
-    try:
-        socket.create_connection((host, port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
-
-
-def _owns_socket(pid: int, inodes: set[str]) -> bool:
-    """Whether process pid holds one of these socket inodes (True if its fds cannot be read)."""
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return True
-    targets = {f"socket:[{i}]" for i in inodes}
-    for fd in fds:
-        try:
-            if os.readlink(fd) in targets:
-                return True
-        except OSError:
-            continue
-    return False
 
 
 @dataclass
@@ -251,7 +199,7 @@ class ProcessManager:
         out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             popen = subprocess.Popen(pipeserve_command(req.kind, *args), stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, env=child_env({SECRET_ENV: req.secret}),
+                                     stderr=subprocess.STDOUT, env=child_env({SECRET_ENV: req.secret, PARENT_PID_ENV: str(os.getpid())}),
                                      cwd=workdir, start_new_session=True, close_fds=True)
         finally:
             os.close(out)

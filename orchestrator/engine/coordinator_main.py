@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .. import logs
 from .config import ConfigError, load_config, read_secret
+from .parent_watch import watch_parent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Connect to the stages and serve HTTP until SIGTERM."""
     log = logs.setup(args.node_id)
+    watch_parent(log)  # started by an agent: stop when it is gone, even if it was killed
     try:
         config = load_config(args.config)
         node = config.node(args.node_id)

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import logs
 from . import blas
 from .config import ConfigError, load_config, read_secret
+from .parent_watch import watch_parent
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the stage's layers, bind its address, and serve until SIGTERM."""
     log = logs.setup(args.node_id)
+    watch_parent(log)  # started by an agent: stop when it is gone, even if it was killed
     try:
         config = load_config(args.config)
         node = config.node(args.node_id)

@@ -1,0 +1,91 @@
+"""An agent killed with SIGKILL cannot stop its engine processes: they must stop by themselves.
+
+Real agent, real stage and coordinator (the tiny test model), `kill -9` of the agent; the
+engine processes and their ports must be gone well within their lease.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import time
+from pathlib import Path
+
+import requests
+
+from tests.support.wait import wait_for
+
+from .conftest import copy_model
+from .test_processes import MODEL, cluster_toml, stage_request
+
+LEASE_S = 60.0
+# The engine checks its parent every 0.25 s and exits gracefully; on a loaded 2-core machine
+# that is still seconds, not the lease's minute.
+GONE_WITHIN_S = 15.0
+
+
+def process_gone(pid: int) -> bool:
+    """No such process, or a zombie (exited; waiting for its new parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def port_free(port: int) -> bool:
+    """A new server could bind and listen on the port (as the engine's own listeners bind it)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_agent, test_model_dir, tmp_path):
+    a = spawn_agent("a")
+    copy_model(test_model_dir, a.models_dir, MODEL)
+    stage_port, http_port = a.port_at(1), a.port_at(2)
+    config = cluster_toml(tmp_path, [(0, 3)], [a.port_at(0), stage_port])
+    secret = secrets.token_hex(16)
+    stage = a.client.start_process(stage_request(config, "stage-0", secret, lease_s=LEASE_S))
+    wait_for(lambda: a.client.process("c1", "stage-0").port_listening, 60, "the stage listening")
+    coord = a.client.start_process({"kind": "coordinator", "cluster_id": "c1", "node_id": "coordinator",
+                                    "model_id": MODEL, "config": config, "secret": secret, "lease_s": LEASE_S,
+                                    "http_port": http_port})
+
+    def healthy() -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{http_port}/health", timeout=2).json().get("ready", False)
+        except requests.RequestException:
+            return False
+
+    wait_for(healthy, 60, "the coordinator to be ready")
+
+    a.stop(signal.SIGKILL)  # a crash: the agent enforces nothing any more
+    t0 = time.monotonic()
+    gone: dict[str, float] = {}
+    watched = {"stage": (stage.pid, stage_port), "coordinator": (coord.pid, http_port)}
+    while len(gone) < len(watched) and time.monotonic() - t0 < LEASE_S:
+        for name, (pid, port) in watched.items():
+            if name not in gone and process_gone(pid) and port_free(port):
+                gone[name] = time.monotonic() - t0
+        time.sleep(0.05)
+    print(f"after kill -9 of the agent (lease {LEASE_S:.0f} s): "
+          + ", ".join(f"{n} gone and port free in {s:.2f} s" for n, s in gone.items()))
+    for name, (pid, port) in watched.items():
+        assert name in gone and gone[name] < GONE_WITHIN_S, (name, gone, a.output())
+
+    # A restarted agent finds the records and says what happened.
+    a.restart()
+    for node_id in ("stage-0", "coordinator"):
+        info = a.client.process("c1", node_id)
+        assert not info.alive and info.stop_reason == "exited while the agent was down", info
+    assert os.path.exists(a.state_dir / "processes" / "c1" / "stage-0" / "output.log")
+    assert any("agent.gone" in line for line in a.client.logs("c1", "stage-0", 50))
