@@ -10,9 +10,12 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.support.wait import wait_for
@@ -89,3 +92,47 @@ def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_ag
         assert not info.alive and info.stop_reason == "exited while the agent was down", info
     assert os.path.exists(a.state_dir / "processes" / "c1" / "stage-0" / "output.log")
     assert any("agent.gone" in line for line in a.client.logs("c1", "stage-0", 50))
+
+
+CHILD = """
+import os, signal, sys, time
+from orchestrator import logs
+from orchestrator.engine.parent_watch import watch_parent
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a child whose graceful stop hangs
+watched = watch_parent(logs.setup("child"), poll_s=0.05, grace_s=0.5)
+print("watched" if watched else "unwatched", flush=True)
+time.sleep(60)
+"""
+
+PARENT = """
+import os, subprocess, sys, time
+env = dict(os.environ)
+if sys.argv[1] == "watch":
+    env["PIPESERVE_PARENT_PID"] = str(os.getpid())
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], env=env, start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["watch", "unwatched"])
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(mode):
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, mode, CHILD], stdout=subprocess.PIPE,
+                              cwd=Path(__file__).resolve().parents[2])
+    child_pid = int(parent.stdout.readline())
+    try:
+        time.sleep(1.0)  # the child is up and watching (or not)
+        parent.kill()
+        parent.wait()
+        t0 = time.monotonic()
+        if mode == "watch":
+            wait_for(lambda: process_gone(child_pid), 15, "the orphaned child to stop")
+            print(f"orphan gone {time.monotonic() - t0:.2f} s after its parent's SIGKILL (grace 0.5 s)")
+        else:
+            time.sleep(1.5)
+            assert not process_gone(child_pid)  # started by hand: nobody asked for a watch
+    finally:
+        try:
+            os.kill(child_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
