@@ -1,8 +1,8 @@
 """Ordered, all-or-nothing launch and complete teardown of a session (the I/O edge).
 
 Launch: every stage in ascending order, each waited for until its transport port listens;
-then the coordinator, waited for until it answers healthy (a one-token generation through
-every stage); then ONE router backend. Any failure stops what was started, in reverse
+then the coordinator, waited for until it answers healthy (its probe generations went
+through every stage: prefill, sampling, batched decode); then ONE router backend. Any failure stops what was started, in reverse
 order, and removes the router entry. Each step is reported as a `LaunchStepped` event.
 """
 

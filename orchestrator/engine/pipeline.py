@@ -27,7 +27,12 @@ from .wire import Flag, Frame, FrameError, Kind, json_frame
 PING_INTERVAL = 0.5
 PING_TIMEOUT = 3.0  # a stage silent this long is lost (its reader answers pings even mid-prefill)
 TICK = 0.1
-PROBE_TIMEOUT = 60.0  # the probe's prompt is one token: only a broken pipeline takes this long
+PROBE_TIMEOUT = 60.0  # the probe is a few tokens: only a broken pipeline takes this long
+# The readiness probe runs the paths requests take: a prefill chunk, a sampled token, then
+# decode steps of two requests at once (a micro-batch on every stage).
+PROBE_PROMPT = [0, 1, 2, 3]
+PROBE_TOKENS = 3
+PROBE_REQUESTS = 2
 REPROBE_INTERVAL = 5.0
 
 
@@ -239,10 +244,12 @@ class Pipeline:
             self._probe()
 
     def _probe(self) -> None:
-        """Healthy means a one-token generation went through every stage, not just open ports."""
+        """Healthy means generations went through every stage the way requests do, not just open ports."""
         self._last_probe = now()
-        self._set_state("warming", "probing the pipeline with a one-token generation")
-        self._admit(Generation([0], GenerationParams(max_tokens=1), self._inbox), internal=True)
+        self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
+        for _ in range(PROBE_REQUESTS):
+            self._admit(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=PROBE_TOKENS), self._inbox),
+                        internal=True)
 
     def _lose(self, index: int, reason: str) -> None:
         link = self.links[index]
@@ -381,12 +388,13 @@ class Pipeline:
         a.gen.events.put(TokenEvent(token, logprob, tuple(top)))
         if not a.internal:
             self.metrics.add_tokens(1)
-        if a.internal:
+        if a.internal and a.generated >= a.gen.params.max_tokens:
             self._finish(a, Finished("length"))
-            self._set_state("ready", "all stages answered a one-token generation")
-        elif token in self.eos_ids:
+            if not any(x.internal for x in self._active.values()) and self._state == "warming":
+                self._set_state("ready", "all stages served the probe: prefill, sampling and batched decode")
+        elif token in self.eos_ids and not a.internal:
             self._finish(a, Finished("stop"))
-        elif a.generated >= a.gen.params.max_tokens or a.position >= self.context_length:
+        elif not a.internal and (a.generated >= a.gen.params.max_tokens or a.position >= self.context_length):
             self._finish(a, Finished("length"))
         else:
             a.next_token = token
