@@ -7,6 +7,9 @@ batched exactly (each request has its own cache and length), so each layer sees 
 the family's call of mlx-lm's shared `scaled_dot_product_attention` is answered row by
 row against each request's real keys — the very computation of a solo step.
 
+Families whose attention uses the fetched keys itself are named in `support.ROW_ATTENTION`:
+their attention module runs once per request (`RowSplitAttention`), the rest batched.
+
 Exactness is by construction or not at all: if a family uses the fetched keys in any other
 way (its own attention code, MLA's absorbed projections), reads a per-row offset as a
 Python number, or hands a per-row mask to code that expects an array, the placeholders go
@@ -20,6 +23,7 @@ import sys
 from typing import Any, Callable
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 
@@ -79,6 +83,38 @@ class RowCaches:
         if any(callable(v) for v in values) or any(v is not values[0] and v != values[0] for v in values[1:]):
             raise BatchUnavailable(f"cache attribute {key!r} differs by row")
         return values[0]
+
+
+class RowSplitAttention(nn.Module):
+    """A family's attention module called once per request inside a batched step.
+
+    For families whose attention uses the fetched keys itself (gemma2's soft-capped scores,
+    MLA's absorbed projections): each row runs the family's own attention with its own cache,
+    while the rest of the layer (MLP, MoE) stays batched. Outside a batch it is the module.
+    """
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        batch = next((a for a in (*args, *kwargs.values()) if isinstance(a, RowCaches)), None)
+        if batch is None:
+            return self.inner(x, *args, **kwargs)
+
+        def pick(value: Any, b: int) -> Any:
+            if value is batch:
+                return batch.rows[b]
+            return value.masks[b] if isinstance(value, RowMasks) else value
+
+        return mx.concatenate([self.inner(x[b:b + 1], *(pick(a, b) for a in args),
+                                          **{k: pick(v, b) for k, v in kwargs.items()})
+                               for b in range(len(batch.rows))], axis=0)
+
+
+def split_attention_by_row(layer: nn.Module, name: str) -> None:
+    """Wrap `layer.<name>` (its attention module) in `RowSplitAttention`."""
+    layer[name] = RowSplitAttention(layer[name])
 
 
 class RowStates(ArraysCache):

@@ -21,7 +21,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
 from . import support
-from .batch import BatchUnavailable, RowCaches, RowStates, batch_caches, install_row_attention, restore, snapshot
+from .batch import (BatchUnavailable, RowCaches, RowStates, batch_caches, install_row_attention, restore, snapshot,
+                    split_attention_by_row)
 from .stubs import Entry, Exit, Hollow, Skip
 
 
@@ -83,7 +84,8 @@ class StageModel:
     """Layers [start, end) of a model, plus the embedding (first stage) and norm/head (last)."""
 
     def __init__(self, model_dir: Path, start: int, end: int) -> None:
-        reason = support.unsupported_reason(read_config(model_dir))
+        config = read_config(model_dir)
+        reason = support.unsupported_reason(config)
         if reason:
             raise ShardError(f"cannot serve this model exactly: {reason}")
         self.info = ModelInfo.read(model_dir)
@@ -100,6 +102,10 @@ class StageModel:
         # Prune before evaluating: lazily-loaded tensors we drop are never read from disk.
         for i in [*range(start), *range(end, len(layers))]:
             layers[i] = Skip(layers[i])
+        row_attention = support.ROW_ATTENTION.get(support.family_of(config) or "")
+        if row_attention:
+            for layer in layers[start:end]:
+                split_attention_by_row(layer, row_attention)
         self._entry = None if self.first else Entry(layers[start])
         if self._entry is not None:
             layers[start] = self._entry

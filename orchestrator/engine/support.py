@@ -39,6 +39,12 @@ FAMILIES: dict[str, str] = {
     "jamba": "Jamba (hybrid Mamba, MoE)",
 }
 
+# The one kind of adapter: families whose attention uses the keys it fetched from the cache
+# itself instead of handing them to mlx-lm's shared attention (gemma2's soft-capped scores,
+# MLA's absorbed projections). In a micro-batched decode step their attention module (this
+# attribute of each layer) runs once per request; MLP and MoE stay batched (engine/batch.py).
+ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_attn"}
+
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
 ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3"}
 
