@@ -17,7 +17,8 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from ..logs import EventLogger
-from ..models.describe import LLAMA_LIKE, ModelDescriptionError, describe_model
+from ..engine.support import unsupported_reason
+from ..models.describe import ModelDescriptionError, describe_model, pattern_layer_count
 from .names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
 from .schemas import CheckResult, FileEntry, Manifest, ModelInfo
 from .state import write_private
@@ -248,8 +249,11 @@ def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> 
     info.model_type = pick("model_type")
     archs = cfg.get("architectures")
     info.family = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else info.model_type
-    info.llama_like = info.model_type in LLAMA_LIKE
-    layers, hidden = pick("num_hidden_layers", "n_layer", "num_layers"), pick("hidden_size", "n_embd", "d_model")
+    # The registry's verdict on config.json alone, so a model of an unknown family or a
+    # vision-language model is marked even when its tensors cannot be described.
+    info.unsupported_reason = unsupported_reason(cfg)
+    layers = pick("num_hidden_layers", "n_layer", "num_layers") or pattern_layer_count({**text, **cfg})
+    hidden = pick("hidden_size", "n_embd", "d_model")
     info.num_layers = int(layers) if isinstance(layers, int) else None
     info.hidden_size = int(hidden) if isinstance(hidden, int) else None
     dtype = pick("torch_dtype", "dtype")
@@ -286,8 +290,7 @@ def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> 
     if "tokenizer.json" not in files and "tokenizer.model" not in files:
         info.reason = "no tokenizer (tokenizer.json or tokenizer.model)"
         return
-    supported = _mlx_lm_supports(info.model_type)
-    if supported is False:
+    if _mlx_lm_supports(info.model_type) is False:
         info.reason = f"model_type {info.model_type!r} is not supported by the installed mlx-lm"
         return
     try:
@@ -296,3 +299,4 @@ def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> 
         info.reason = str(exc)
         return
     info.mlx_format = True
+    info.supported = info.unsupported_reason is None

@@ -51,7 +51,7 @@ def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSet
     info = model_info(state, model_id, nodes)
     facts: list[NodeFacts] = [node_facts_from_report(n.report, node_id=n.id, host=n.host) for n in nodes]
     return plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
-                        format_reason=info.reason)
+                        format_reason=info.reason, unsupported_reason=info.unsupported_reason)
 
 
 def session_name(model_id: str, stages: int) -> str:
@@ -76,6 +76,8 @@ def single_session(state: State, session_id: str, model_id: str, node_id: str) -
     """A whole model on one node: one stage plus the coordinator (the baseline)."""
     node = selected_nodes(state, [node_id])[0]
     info = model_info(state, model_id, [node])
+    if info.unsupported_reason:
+        raise PlanningError(f"model {model_id!r} is unsupported: {info.unsupported_reason}")
     if not info.mlx_format or info.num_layers is None:
         raise PlanningError(f"model {model_id!r} cannot be served: {info.reason or 'unknown layout'}")
     free = [p for p in node.report.transport_ports.free if state.settings.port_start <= p <= state.settings.port_end]

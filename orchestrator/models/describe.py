@@ -19,8 +19,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-# The decoder-block layout the engine splits (the same set the agent reports as llama_like).
-LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+from orchestrator.engine.support import unsupported_reason
+
+from .kv import LayerCache, layer_caches
 
 INDEX_FILE = "model.safetensors.index.json"
 # The safetensors format itself refuses headers above 100 MB; a bigger length is corruption.
@@ -39,7 +40,14 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 CONFIG_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16",
                  "float16": "float16", "half": "float16"}
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+# Where families keep their decoder stack: model.layers (most), backbone.layers (Nemotron-H),
+# language_model.model.layers (Qwen3.5 checkpoints that nest the text model). Anchored to
+# these prefixes so a vision tower's own "layers" never counts as the language model's.
+_ROOT = r"^(?:language_model\.)?(?:model\.|backbone\.)?"
+_LAYER = re.compile(_ROOT + r"layers\.(\d+)\.")
+_EMBEDDING = re.compile(_ROOT + r"(?:embed_tokens|embeddings)\.")
+_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm)\.")
+_HEAD = re.compile(_ROOT + r"(?:lm_head|output)\.")
 
 
 class ModelDescriptionError(ValueError):
@@ -64,7 +72,8 @@ class ModelDescription(BaseModel):
     name: str  # the directory name, for messages
     model_type: str
     architecture: str | None  # first of config.json "architectures", e.g. LlamaForCausalLM
-    llama_like: bool
+    # Why the engine cannot serve the model exactly (orchestrator.engine.support), or None.
+    unsupported_reason: str | None = None
     num_layers: int
     hidden_size: int
     vocab_size: int
@@ -82,6 +91,14 @@ class ModelDescription(BaseModel):
     head_bytes: int  # lm_head.*; 0 when tied (the head is then the embedding matrix)
     other_bytes: int  # tensors outside those groups; every stage keeps them
     weight_files: tuple[str, ...]
+    # What every layer caches per request (models/kv.py); empty in descriptions from older
+    # agents, which then count standard attention in every layer.
+    layer_caches: tuple[LayerCache, ...] = ()
+
+    @property
+    def supported(self) -> bool:
+        """Whether the engine serves this model exactly."""
+        return self.unsupported_reason is None
 
     @property
     def total_bytes(self) -> int:
@@ -166,7 +183,7 @@ def weight_files(model_dir: Path) -> list[str]:
     return names
 
 
-def _read_config(model_dir: Path) -> dict[str, Any]:
+def _read_config(model_dir: Path) -> tuple[dict[str, Any], str | None]:
     path = model_dir / "config.json"
     try:
         cfg = json.loads(path.read_text())
@@ -176,9 +193,11 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
         raise ModelDescriptionError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise ModelDescriptionError(f"{path}: not a JSON object")
+    # The registry judges the config as written (a vision_config makes it multimodal).
+    verdict = unsupported_reason(cfg)
     # Multimodal configs keep the language model's numbers under text_config.
     text = cfg.get("text_config")
-    return {**text, **cfg} if isinstance(text, dict) else cfg
+    return ({**text, **cfg} if isinstance(text, dict) else cfg), verdict
 
 
 def _int(cfg: dict[str, Any], path: Path, *keys: str, default: int | None = None) -> int:
@@ -191,6 +210,15 @@ def _int(cfg: dict[str, Any], path: Path, *keys: str, default: int | None = None
     if default is None:
         raise ModelDescriptionError(f"{path}: missing {keys[0]}")
     return default
+
+
+def pattern_layer_count(cfg: dict[str, Any]) -> int | None:
+    """Layers of a hybrid family that gives only its per-layer pattern (Nemotron-H's
+    hybrid_override_pattern), as the engine counts them; None when there is no pattern."""
+    for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
+        if isinstance(cfg.get(key), (list, str)) and cfg[key]:
+            return len(cfg[key])
+    return None
 
 
 def _quantization(cfg: dict[str, Any]) -> Quantization | None:
@@ -231,20 +259,19 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelDescriptionError(f"{model_dir}: not a directory")
-    cfg = _read_config(model_dir)
+    cfg, verdict = _read_config(model_dir)
     cfg_path = model_dir / "config.json"
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ModelDescriptionError(f"{cfg_path}: no model_type")
-    num_layers = _int(cfg, cfg_path, "num_hidden_layers", "n_layer", "num_layers")
+    pattern_layers = pattern_layer_count(cfg)
+    num_layers = _int(cfg, cfg_path, "num_hidden_layers", "n_layer", "num_layers", default=pattern_layers)
     hidden = _int(cfg, cfg_path, "hidden_size", "n_embd", "d_model")
     vocab = _int(cfg, cfg_path, "vocab_size")
     heads = _int(cfg, cfg_path, "num_attention_heads", "n_head")
     kv_heads = _int(cfg, cfg_path, "num_key_value_heads", default=heads)
     head_dim = _int(cfg, cfg_path, "head_dim", default=max(1, hidden // heads))
     max_pos = cfg.get("max_position_embeddings")
-    # mlx-lm's Llama ties by default when config.json says nothing (ModelArgs default).
-    tied = bool(cfg.get("tie_word_embeddings", True))
 
     files = weight_files(model_dir)
     entries: dict[str, dict[str, Any]] = {}
@@ -267,11 +294,11 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
                                             "config.json declares")
             layers[i] += nbytes
             seen[i] = True
-        elif tensor.startswith("model.embed_tokens."):
+        elif _EMBEDDING.match(tensor):
             embedding += nbytes
-        elif tensor.startswith("model.norm."):
+        elif _NORM.match(tensor):
             norm += nbytes
-        elif tensor.startswith("lm_head."):
+        elif _HEAD.match(tensor):
             head += nbytes
         else:
             other += nbytes
@@ -280,6 +307,11 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelDescriptionError(f"{model_dir}: no tensors for layer(s) {_ranges(missing)} of {num_layers}")
     if embedding == 0:
         raise ModelDescriptionError(f"{model_dir}: no model.embed_tokens tensors")
+    # Tied when config.json says so (mlx-lm then drops a stray lm_head) or when there is no
+    # head at all: families whose ModelArgs tie by default (Gemma) publish none, and
+    # families that default to untied (GPT-OSS, GLM-4) publish one without saying.
+    declared = cfg.get("tie_word_embeddings")
+    tied = declared is True or (declared is None and head == 0)
     if tied:
         head = 0  # mlx-lm drops a stray lm_head of a tied model; the embedding serves as the head
     elif head == 0:
@@ -291,7 +323,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         name=model_dir.resolve().name,
         model_type=model_type,
         architecture=archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None,
-        llama_like=model_type in LLAMA_LIKE,
+        unsupported_reason=verdict,
         num_layers=num_layers,
         hidden_size=hidden,
         vocab_size=vocab,
@@ -309,6 +341,9 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         head_bytes=head,
         other_bytes=other,
         weight_files=tuple(files),
+        # An unsupported family is refused before its caches matter; its config may lack
+        # the keys the rules read.
+        layer_caches=layer_caches(cfg, num_layers, DTYPE_BYTES[dtype]) if verdict is None else (),
     )
 
 

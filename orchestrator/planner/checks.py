@@ -45,9 +45,16 @@ def _odd_ones(nodes: Sequence[NodeFacts], attr: str, code: RefusalCode, template
 
 
 def check_model(model: ModelDescription | None, model_name: str, mlx_format: bool, format_reason: str | None,
-                num_nodes: int) -> list[Issue]:
-    """The model is not MLX, or has fewer layers than there are nodes (a stage would be empty)."""
+                num_nodes: int, unsupported_reason: str | None = None) -> list[Issue]:
+    """The engine cannot serve the model exactly (the support registry's reason, from the
+    agent's report or the description), it is not MLX, or it has fewer layers than there
+    are nodes (a stage would be empty)."""
     issues: list[Issue] = []
+    unsupported = unsupported_reason or (model.unsupported_reason if model is not None else None)
+    if unsupported:
+        # The registry's reason says more than any format problem it causes (an unknown
+        # family's tensors cannot be described either): one reason, the real one.
+        return [Issue(code=RefusalCode.UNSUPPORTED_MODEL, message=f"model {model_name} is unsupported: {unsupported}")]
     if not mlx_format or model is None:
         why = format_reason or "it is not an MLX model directory"
         issues.append(Issue(code=RefusalCode.NOT_MLX_FORMAT, message=f"model {model_name} cannot be served: {why}"))

@@ -5,6 +5,12 @@ A stage owning layers [start, end) of an N-layer model holds:
 - the embedding when it is the first stage (start == 0);
 - the final norm and the head when it is the last (end == N), and with tied embeddings the
   embedding matrix again, since the head is that matrix (both ends of a tied model hold it).
+
+Layer bytes are the tensors' bytes as stored, so stacked MoE experts, shared experts and
+quantization scales and biases (per-module bit widths included) count as they load. The KV
+cache is counted per layer by what the layer keeps (models/kv.py): full attention grows
+with the context, a sliding-window layer stops at its window, a linear-attention / SSM
+layer holds a constant state, an MLP-only layer nothing.
 """
 
 from __future__ import annotations
@@ -32,11 +38,23 @@ def kv_tokens(context_length: int) -> int:
     return -(-context_length // KV_STEP) * KV_STEP
 
 
-def kv_cache_bytes(model: ModelDescription, num_layers: int, settings: PlanSettings) -> int:
-    """KV cache of `num_layers` layers when every allowed sequence reaches the context length:
-    2 (keys, values) x layers x kv_heads x head_dim x element size x context x sequences."""
-    return (model.kv_bytes_per_token_layer * num_layers * kv_tokens(settings.context_length)
-            * settings.max_concurrent_sequences)
+def layer_kv_bytes(model: ModelDescription, settings: PlanSettings) -> list[int]:
+    """Cache bytes of every layer when every allowed sequence reaches the context length.
+
+    A description without per-layer caches (from an older agent) counts standard attention
+    in every layer: 2 (keys, values) x kv_heads x head_dim x element size per token.
+    """
+    tokens = kv_tokens(settings.context_length)
+    if model.layer_caches:
+        per_sequence = [c.bytes_for(tokens) for c in model.layer_caches]
+    else:
+        per_sequence = [model.kv_bytes_per_token_layer * tokens] * model.num_layers
+    return [b * settings.max_concurrent_sequences for b in per_sequence]
+
+
+def kv_cache_bytes(model: ModelDescription, settings: PlanSettings, start: int = 0, end: int | None = None) -> int:
+    """KV cache of layers [start, end) (default: all) at the settings' context and concurrency."""
+    return sum(layer_kv_bytes(model, settings)[start:end])
 
 
 class StageCosts:
@@ -47,7 +65,7 @@ class StageCosts:
         self.settings = settings
         self.num_layers = model.num_layers
         self._prefix = [0, *accumulate(model.layer_bytes)]
-        self._kv_per_layer = kv_cache_bytes(model, 1, settings)
+        self._kv_prefix = [0, *accumulate(layer_kv_bytes(model, settings))]
         # A generated token reads every weight of a layer, but only one row of the embedding;
         # the head (the embedding matrix itself when tied) is read in full.
         self._embed_row = model.embedding_bytes // max(1, model.vocab_size)
@@ -82,7 +100,7 @@ class StageCosts:
 
     def kv_bytes(self, start: int, end: int) -> int:
         """KV cache of a stage over [start, end) at the settings' context and concurrency."""
-        return self._kv_per_layer * (end - start)
+        return self._kv_prefix[end] - self._kv_prefix[start]
 
     def overhead_bytes(self, runs_coordinator: bool) -> int:
         """Process overhead on a stage's node: the stage, plus the coordinator when it runs there."""

@@ -11,6 +11,7 @@ from .memory import StageCosts, format_bytes
 from .result import Issue, StagePlan, WarningCode
 from .settings import PlanSettings
 
+
 def plan_warnings(model: ModelDescription, model_name: str, nodes: Sequence[NodeFacts],
                   stages: Sequence[StagePlan], costs: StageCosts, settings: PlanSettings) -> list[Issue]:
     """Every warning that applies, in a fixed order."""
@@ -19,10 +20,6 @@ def plan_warnings(model: ModelDescription, model_name: str, nodes: Sequence[Node
         issues.append(Issue(code=WarningCode.MANY_STAGES,
                             message=f"{len(stages)} stages: pipelines are best validated on 2; each extra stage "
                                     "adds a network hop per token"))
-    if not model.llama_like:
-        issues.append(Issue(code=WarningCode.NOT_LLAMA_LIKE,
-                            message=f"model {model_name} is a {model.model_type!r} model, not Llama-like: "
-                                    "it runs one request at a time per stage and is less tested"))
     whole = costs.single_node_bytes()
     for n in nodes:
         if whole <= n.free_bytes:

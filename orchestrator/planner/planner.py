@@ -25,19 +25,21 @@ from .settings import PlanSettings
 
 def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], settings: PlanSettings | None = None,
                  *, model_name: str | None = None, mlx_format: bool = True,
-                 format_reason: str | None = None) -> Plan | Refusal:
+                 format_reason: str | None = None, unsupported_reason: str | None = None) -> Plan | Refusal:
     """Plan `model` across `nodes` (in order: stage k on nodes[k], the coordinator on nodes[0]).
 
-    `mlx_format` / `format_reason` come from the node agent's ModelInfo; `model` may be None
-    only when the model could not be described (then `mlx_format` should be False).
+    `mlx_format` / `format_reason` / `unsupported_reason` come from the node agent's
+    ModelInfo; `model` may be None only when the model could not be described (then
+    `mlx_format` should be False, or `unsupported_reason` say why). A model the engine
+    cannot serve exactly is refused with the support registry's reason.
     """
     settings = settings or PlanSettings()
     name = model_name or (model.name if model is not None else "?")
-    reasons = check_model(model, name, mlx_format, format_reason, len(nodes)) + check_nodes(nodes)
+    reasons = check_model(model, name, mlx_format, format_reason, len(nodes), unsupported_reason) + check_nodes(nodes)
     unique = len({n.id for n in nodes}) == len(nodes)
     ports, port_issues = allocate_ports(nodes, settings) if unique else (None, [])
     reasons += port_issues
-    if model is None or len(nodes) < 2 or not unique or model.num_layers < len(nodes):
+    if model is None or not model.supported or len(nodes) < 2 or not unique or model.num_layers < len(nodes):
         return Refusal(model=name, reasons=tuple(reasons))
 
     costs = StageCosts(model, settings)

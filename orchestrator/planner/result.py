@@ -16,6 +16,7 @@ class RefusalCode(StrEnum):
     TOO_FEW_NODES = "too_few_nodes"
     DUPLICATE_NODE = "duplicate_node"
     NOT_MLX_FORMAT = "not_mlx_format"
+    UNSUPPORTED_MODEL = "unsupported_model"  # the engine cannot serve it exactly (engine/support.py)
     MIXED_ACCELERATORS = "mixed_accelerators"
     MIXED_ENGINE_VERSIONS = "mixed_engine_versions"
     TOO_MANY_NODES = "too_many_nodes"  # more nodes than layers: a stage would be empty
@@ -29,7 +30,6 @@ class WarningCode(StrEnum):
     """What a plan allows but the user should know before launching."""
 
     MANY_STAGES = "many_stages"  # more than 2 stages: best validated on 2
-    NOT_LLAMA_LIKE = "not_llama_like"
     FITS_ON_ONE_NODE = "fits_on_one_node"  # a pipeline gives capacity, not speed
     IMBALANCED = "imbalanced"
     TIGHT_FIT = "tight_fit"

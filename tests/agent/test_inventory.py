@@ -41,7 +41,7 @@ def hashes(monkeypatch) -> list[Path]:
 def test_describe_a_test_model(models, test_model_dir):
     info = models.describe("tm")
     assert info.mlx_format and info.reason is None
-    assert (info.model_type, info.family, info.llama_like) == ("llama", "LlamaForCausalLM", True)
+    assert (info.model_type, info.family, info.supported, info.unsupported_reason) == ("llama", "LlamaForCausalLM", True, None)
     assert (info.num_layers, info.hidden_size, info.dtype, info.quantization) == (4, 64, "float32", None)
     files = [p for p in test_model_dir.rglob("*") if p.is_file()]
     assert info.file_count == len(files) and info.total_bytes == sum(p.stat().st_size for p in files)

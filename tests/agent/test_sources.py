@@ -140,7 +140,7 @@ def test_demo_source_runs_the_import(spawn_agent):
     done = b.client.wait_download("smollm2", timeout=300)
     assert done.state == "done", (done, b.output())
     info = b.client.model("smollm2")
-    assert info.mlx_format and info.num_layers == 30 and info.hidden_size == 576 and info.llama_like
+    assert info.mlx_format and info.num_layers == 30 and info.hidden_size == 576 and info.supported
     assert info.dtype == "bfloat16" and info.family == "LlamaForCausalLM"
     assert set(info.manifest.files) == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
     assert info.total_bytes == done.total_bytes > 200_000_000

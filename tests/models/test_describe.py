@@ -65,7 +65,7 @@ def test_default_test_model_by_hand(models: dict[str, Path]) -> None:
     assert (d.embedding_bytes, d.norm_bytes, d.head_bytes) == (512 * 64 * 4, 64 * 4, 0)
     assert (d.num_attention_heads, d.num_key_value_heads, d.head_dim) == (4, 2, 16)
     assert (d.dtype, d.dtype_bytes, d.vocab_size, d.hidden_size) == ("float32", 4, 512, 64)
-    assert (d.model_type, d.architecture, d.llama_like) == ("llama", "LlamaForCausalLM", True)
+    assert (d.model_type, d.architecture, d.supported) == ("llama", "LlamaForCausalLM", True)
     assert d.quantization is None and d.max_position_embeddings == 2048
     assert d.kv_bytes_per_token_layer == 2 * 2 * 16 * 4
     assert d.name == models["single-tied-f32"].name
@@ -133,7 +133,7 @@ def test_quantized_model(tmp_path: Path) -> None:
         "torch_dtype": "bfloat16"}))
     d = describe_model(tmp_path)
     assert d.quantization is not None and (d.quantization.bits, d.quantization.group_size) == (4, 64)
-    assert (d.dtype, d.dtype_bytes, d.head_dim, d.llama_like, d.tied_embeddings) == ("float16", 2, 8, True, True)
+    assert (d.dtype, d.dtype_bytes, d.head_dim, d.supported, d.tied_embeddings) == ("float16", 2, 8, True, True)
     per_proj = hidden * hidden // 8 * 4 + 2 * hidden * 2
     assert d.layer_bytes == (4 * per_proj + hidden * 2,) * layers
     assert d.embedding_bytes == vocab * hidden // 8 * 4 + 2 * vocab * 2

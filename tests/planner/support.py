@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.engine.support import unsupported_reason
 from orchestrator.models.describe import DTYPE_BYTES, ModelDescription
 from orchestrator.planner import NodeFacts
 
@@ -20,7 +21,7 @@ def llama(*, layers: int = 30, hidden: int = 576, intermediate: int = 1536, head
     elem = DTYPE_BYTES[dtype]
     per_layer = llama_layer_params(hidden, intermediate, heads, kv_heads, head_dim) * elem
     return ModelDescription(
-        name=name, model_type=model_type, architecture=None, llama_like=model_type in {"llama", "mistral"},
+        name=name, model_type=model_type, architecture=None, unsupported_reason=unsupported_reason({"model_type": model_type}),
         num_layers=layers, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, dtype=dtype, dtype_bytes=elem,
         layer_bytes=layer_bytes if layer_bytes is not None else (per_layer,) * layers,
@@ -34,7 +35,7 @@ def uniform(layers: int, layer_bytes: int = 1000, *, embedding: int = 0, head: i
             dtype: str = "float32", name: str = "toy") -> ModelDescription:
     """A toy description with round numbers, for hand-checked arithmetic."""
     return ModelDescription(
-        name=name, model_type="llama", architecture=None, llama_like=True, num_layers=layers, hidden_size=8,
+        name=name, model_type="llama", architecture=None, num_layers=layers, hidden_size=8,
         vocab_size=vocab, tied_embeddings=tied, num_attention_heads=kv_heads, num_key_value_heads=kv_heads,
         head_dim=head_dim, dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype], layer_bytes=(layer_bytes,) * layers,
         embedding_bytes=embedding, norm_bytes=norm, head_bytes=0 if tied else head, other_bytes=0,

@@ -24,8 +24,8 @@ def test_kv_cache_rounds_up_to_mlx_lm_steps(context: int, tokens: int) -> None:
 def test_kv_cache_smollm2_by_hand() -> None:
     """SmolLM2-135M f32: 3 KV heads x 64 dims; 30 layers at 2048 tokens, one sequence: 90 MiB."""
     s = PlanSettings(context_length=2048, max_concurrent_sequences=1)
-    assert kv_cache_bytes(llama(), 30, s) == 2 * 30 * 3 * 64 * 4 * 2048 * 1 == 94_371_840
-    assert kv_cache_bytes(llama(dtype="bfloat16"), 30, s.model_copy(update={"max_concurrent_sequences": 4})) \
+    assert kv_cache_bytes(llama(), s) == 2 * 30 * 3 * 64 * 4 * 2048 * 1 == 94_371_840
+    assert kv_cache_bytes(llama(dtype="bfloat16"), s.model_copy(update={"max_concurrent_sequences": 4})) \
         == 2 * 30 * 3 * 64 * 2 * 2048 * 4
 
 

@@ -83,7 +83,8 @@ def test_refusal(case: Case) -> None:
 
 
 def test_refusal_codes_are_all_covered() -> None:
-    covered = {code for c in CASES for code in c.codes} | {RefusalCode.INVALID_SPLIT}  # see test_manual_split
+    covered = {code for c in CASES for code in c.codes} | {RefusalCode.INVALID_SPLIT,  # see test_manual_split
+                                                           RefusalCode.UNSUPPORTED_MODEL}  # and below
     assert covered == set(RefusalCode)
 
 
@@ -114,3 +115,17 @@ def test_stage_refusal_shows_the_closest_attempt() -> None:
     # One byte more and it plans, with that very split.
     plan = plan_cluster(MODEL, nodes(8 * GB, smallest_last), s)
     assert isinstance(plan, Plan) and plan.split == ((0, 28), (29, 29))
+
+
+@pytest.mark.parametrize("model,kwargs,why", [
+    (llama(model_type="gpt_neox"), {}, "model family 'gpt_neox' is not verified exact"),
+    # The agent could not describe it (an unknown family's tensors are laid out differently):
+    # the report's registry verdict still gives the real reason, not a format complaint.
+    (None, dict(mlx_format=False, format_reason="no tensors for layer(s) 0-11",
+                unsupported_reason="bert is a multimodal model; pipeserve serves text-only decoders"), "multimodal"),
+])
+def test_unsupported_model_is_refused_with_the_registry_reason(model, kwargs, why) -> None:
+    result = plan_cluster(model, nodes(8 * GB, 8 * GB), SMALL, model_name="odd", **kwargs)
+    assert isinstance(result, Refusal), result
+    assert result.codes == (RefusalCode.UNSUPPORTED_MODEL,)
+    assert result.reasons[0].message.startswith("model odd is unsupported: ") and why in result.reasons[0].message

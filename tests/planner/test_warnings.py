@@ -35,8 +35,6 @@ class Case:
 CASES = [
     Case("clean: no warnings", nodes(ROOMY, ROOMY), []),
     Case("three stages", nodes(ROOMY, ROOMY, ROOMY), [WarningCode.MANY_STAGES], ["3 stages", "validated on 2"]),
-    Case("not llama-like", nodes(ROOMY, ROOMY), [WarningCode.NOT_LLAMA_LIKE], ["smollm2-like", "'gpt_neox'"],
-         model=llama(model_type="gpt_neox")),
     Case("fits on one node", nodes(ROOMY, WHOLE, 8 * GB), [WarningCode.MANY_STAGES, WarningCode.FITS_ON_ONE_NODE,
                                                           WarningCode.FITS_ON_ONE_NODE],
          ["fits on node node1 (n1) alone", "node node2 (n2)", "capacity, not speed"], [None, "n1", "n2"]),
