@@ -51,7 +51,7 @@ def timeline(session: Session) -> tuple[Step, ...]:
                                                                f"(layers {st.first_layer}–{st.last_layer})"))
         steps.append(Step(key=f"stage-{st.index}.listen", label=f"Stage {st.index} transport listening on port {st.port}"))
     steps.append(Step(key="coordinator.start", label="Coordinator starting"))
-    steps.append(Step(key="coordinator.healthy", label="Coordinator healthy (one token through every stage)"))
+    steps.append(Step(key="coordinator.healthy", label="Coordinator healthy (a probe generation through every stage)"))
     steps.append(Step(key="router.register", label="Router registered"))
     return tuple(steps)
 
@@ -171,6 +171,9 @@ class Launcher:
                 if r.status_code == 200 and body.get("ready"):
                     return
                 reason = f"{body.get('status')}: {body.get('reason')}"
+                if body.get("status") == "unhealthy" and "probe generation failed" in str(body.get("reason")):
+                    # Ready means serving: a stage that cannot run a request fails the launch now.
+                    raise LaunchFailed("coordinator", f"the pipeline cannot serve: {body.get('reason')}")
             except (requests.RequestException, ValueError) as exc:
                 reason = str(exc)
             if self.cancel.is_set():

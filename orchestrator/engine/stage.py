@@ -22,6 +22,7 @@ import mlx.core as mx
 from ..logs import EventLogger
 from . import transport
 from .config import ClusterConfig, NodeSpec
+from .faults import Faults
 from .sampling import Sampler
 from .shard import StageModel
 from .tensors import from_frame, to_frame
@@ -103,6 +104,8 @@ class Stage:
         self._pending = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         # (base, solo) BLAS threads: solo for steps marked SOLO, base otherwise; (0, 0) = never switch.
         self.base_threads, self.solo_threads = threads
+        self.faults = Faults.for_node(node.id)
+        self._batch_refusal_logged = False
         self.current_threads = self.base_threads
 
     # --- network threads ---------------------------------------------------------------
@@ -302,9 +305,14 @@ class Stage:
 
     def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
         model = self.model
+        self.faults.before_step()
         decode = all(x.shape[1] == 1 and s.position > 0 for _, s, x in work)
         if len(work) > 1 and decode and model.batchable:
             hs = model.forward_batch([x for _, _, x in work], [s.cache for _, s, _ in work])
+            if model.batch_refusal and not self._batch_refusal_logged:
+                self._batch_refusal_logged = True
+                self.log.warning("batch.unavailable", reason=model.batch_refusal,
+                                 detail="decode steps now run one request at a time (still exact)")
         else:
             hs = [model.forward(x, s.cache) for _, s, x in work]
         for (f, s, x), h in zip(work, hs):

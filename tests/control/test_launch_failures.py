@@ -9,6 +9,8 @@ import socket
 import threading
 import time
 
+import pytest
+
 from orchestrator.control.launcher import Timeouts
 from orchestrator.registrar import ConfigFileRegistrar
 
@@ -62,7 +64,8 @@ def test_a_stage_that_cannot_bind_its_port(env: Env):
         step, _ = failed(env, env.orch, env.orch.launch(session, MODEL_ID).id)
     finally:
         blocker.close()
-    assert step.key.startswith("stage-1.") and str(session.stages[1].port) in step.detail or "in use" in step.detail
+    assert step.key.startswith("stage-1."), step
+    assert str(session.stages[1].port) in step.detail or "in use" in step.detail, step
     nothing_left(env)
 
 
@@ -84,6 +87,23 @@ def test_a_coordinator_that_never_becomes_healthy(env: Env):
     when_step(orch, "stage-1.listen", "done", freeze_stage_1)
     step, _ = failed(env, orch, orch.launch(env.session(), MODEL_ID).id)
     assert step.key == "coordinator.healthy" and "not healthy after 4 s" in step.detail, step
+    nothing_left(env)
+
+
+@pytest.fixture
+def stage_1_cannot_compute(monkeypatch):
+    """Agents started after this pass the fault on to the engine processes they start."""
+    monkeypatch.setenv("PIPESERVE_FAULTS", "stage-1:step-error")
+
+
+def test_a_stage_that_loads_but_cannot_serve(stage_1_cannot_compute, env: Env):
+    """Ready means serving: the coordinator's probe fails on stage-1, and the launch fails at
+    once (not after the health timeout) with the stage's error in the timeline."""
+    started = time.monotonic()
+    step, _ = failed(env, env.orch, env.orch.launch(env.session(), MODEL_ID).id)
+    assert step.key == "coordinator.healthy", step
+    assert "cannot serve" in step.detail and "stage-1" in step.detail and "cannot compute" in step.detail, step
+    assert time.monotonic() - started < Timeouts().healthy, "the launch waited for the health timeout"
     nothing_left(env)
 
 

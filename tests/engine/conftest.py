@@ -30,12 +30,14 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., LocalPipeline]]:
-    """`launch(model_dir, splits, coordinator=True, **cluster)` starts a local pipeline, stopped after the test."""
+    """`launch(model_dir, splits, coordinator=True, env=None, startup_timeout=120, **cluster)` starts a
+    local pipeline, stopped after the test."""
     started: list[LocalPipeline] = []
 
-    def start(model_dir: Path, splits: list[tuple[int, int]], coordinator: bool = True, **cluster: object) -> LocalPipeline:
+    def start(model_dir: Path, splits: list[tuple[int, int]], coordinator: bool = True,
+              env: dict[str, str] | None = None, startup_timeout: float = 120.0, **cluster: object) -> LocalPipeline:
         p = LocalPipeline(tmp_path / f"cluster{len(started)}", model_dir, splits, coordinator=coordinator,
-                          threads=1, cluster=cluster)
+                          threads=1, env=env or {}, cluster=cluster, startup_timeout=startup_timeout)
         started.append(p)
         return p.start()
 

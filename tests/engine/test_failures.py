@@ -110,3 +110,16 @@ def test_a_stage_holds_only_its_own_layers(model_factory, launch):
     assert big["weight_bytes"] > 0.8 * model_bytes
     # One eighth of the layers: resident memory far below the stage that holds the rest.
     assert small["rss_bytes"] + 0.5 * model_bytes < big["rss_bytes"], (small, big, model_bytes)
+
+
+def test_a_stage_that_loads_but_cannot_serve_is_never_ready(test_model_dir, launch):
+    """Ready means serving: the probe runs a request's paths, so a stage whose every step fails
+    keeps /v1/models at 503, with its error in /health."""
+    from orchestrator.engine.local import LaunchError
+
+    with pytest.raises(LaunchError) as failure:
+        launch(test_model_dir, [(0, 1), (2, 3)], env={"PIPESERVE_FAULTS": "stage-1:step-error"}, startup_timeout=10)
+    message = str(failure.value)
+    assert "'status': 'unhealthy'" in message and "probe generation failed" in message, message
+    assert "stage-1" in message and "cannot compute" in message, message
+
