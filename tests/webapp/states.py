@@ -18,7 +18,8 @@ def report(name: str, fingerprint: str, models: list[str], free: int = 900 * MB)
                   memory=Memory(total_bytes=free, available_bytes=free, budget_bytes=free, processes_rss_bytes=0,
                                 free_bytes=free),
                   disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(range(39600, 39630))),
-                  models=[ModelInfo(id=m, mlx_format=not m.endswith(".gguf"), num_layers=30, total_bytes=540 * MB,
+                  models=[ModelInfo(id=m, mlx_format=not m.endswith(".gguf"), supported=not m.endswith(".gguf"),
+                                    num_layers=30, total_bytes=540 * MB,
                                     reason=None if not m.endswith(".gguf") else "GGUF file, not an MLX directory")
                           for m in models],
                   processes=[], downloads=[])

@@ -8,7 +8,7 @@ from orchestrator.control.state import Session, State
 
 from .charts import throughput_chart
 from .context import ViewContext
-from .format import percent, rate, size
+from .format import percent, rate, size, unsupported_text
 from .sessions import stage_rows
 
 PREPARE_LABELS = {"checking": "Checking", "present": "Present", "needs_download": "Needs download",
@@ -32,7 +32,7 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     models: dict[str, dict[str, Any]] = {}
     for n in state.nodes:
         for m in (n.report.models if n.report else []):
-            entry = models.setdefault(m.id, {"id": m.id, "supported": m.mlx_format, "reason": m.reason or "",
+            entry = models.setdefault(m.id, {"id": m.id, "supported": m.supported, "reason": unsupported_text(m),
                                              "size": size(m.total_bytes), "layers": m.num_layers, "holders": []})
             entry["holders"].append(n.name)
     families = [n.report.accelerator.family for n in state.nodes if n.report]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orchestrator.agent.schemas import ModelInfo
+
 
 def size(n: float | int | None) -> str:
     """Bytes as a short human string: 1.5 GB, 300 MB."""
@@ -23,3 +25,11 @@ def rate(bps: float | None) -> str:
 def percent(done: int, total: int) -> int:
     """0..100, safe for total 0."""
     return 100 if total <= 0 else max(0, min(100, round(100 * done / total)))
+
+
+def unsupported_text(model: ModelInfo) -> str:
+    """"Unsupported: <reason>" for a model the engine cannot serve ("" when it can): the support
+    registry's reason, else why the directory is not a usable MLX model."""
+    if model.supported:
+        return ""
+    return f"Unsupported: {model.unsupported_reason or model.reason or 'not an MLX model directory'}"

@@ -8,7 +8,7 @@ from orchestrator.control.state import State
 from orchestrator.control.transitions import serving_node_ids
 
 from .context import ViewContext
-from .format import size
+from .format import size, unsupported_text
 
 
 def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -21,7 +21,8 @@ def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "id": n.id, "name": n.name, "url": n.url, "status": n.status, "error": n.error,
             "accelerator": r.accelerator.family if r else "–",
             "free_memory": size(r.memory.free_bytes) if r else "–",
-            "models": [m.id for m in r.models] if r else [],
+            "models": [{"id": m.id, "supported": m.supported, "reason": unsupported_text(m)} for m in r.models]
+                      if r else [],
             "version": r.version if r else "–",
             "serving": n.id in busy,
         })
