@@ -142,3 +142,34 @@ def test_paths_never_leave_the_models_directory(models, tmp_path):
     shutil.copytree(models.root / "tm", models.root / "tm2", symlinks=True)
     os.symlink(models.root / "tm" / "config.json", models.root / "tm2" / "shared.json")
     assert models.file_path("tm2", "shared.json") == (models.root / "tm" / "config.json").resolve()
+
+
+def test_the_agent_report_marks_models_the_engine_cannot_serve(spawn_agent, tmp_path):
+    """A real agent, models built with mlx-lm's own classes: the report carries the support
+    registry's verdict (and the planner's description only for what can be planned)."""
+    from orchestrator.models.families import build_family_model
+
+    agent = spawn_agent("a", wait=False)
+    models_dir = agent.models_dir
+    build_family_model(models_dir / "qwen3", "qwen3")
+    build_family_model(models_dir / "hybrid", "nemotron_h")  # layers given only by its pattern
+    vlm = build_family_model(models_dir / "vlm", "llama")
+    _edit_config(vlm, vision_config={"hidden_size": 32})
+    bert = build_family_model(models_dir / "bert", "llama")
+    _edit_config(bert, model_type="bert")
+    odd = build_family_model(models_dir / "odd-quant", "llama", quant="q4")
+    _edit_config(odd, quantization={"group_size": 64, "bits": 7})
+    agent.wait_ready()
+    report = {m.id: m for m in agent.client.report().models}
+
+    for ok in ("qwen3", "hybrid"):
+        assert report[ok].supported and report[ok].unsupported_reason is None and report[ok].mlx_format
+    assert report["hybrid"].num_layers == 6 and report["hybrid"].description.layer_caches[0].kind == "state"
+    assert report["vlm"].unsupported_reason == "llama is a multimodal model; pipeserve serves text-only decoders"
+    assert report["bert"].unsupported_reason.startswith("model family 'bert' is not verified exact")
+    assert report["odd-quant"].unsupported_reason == "7-bit affine quantization is not supported"
+    for bad in ("vlm", "bert", "odd-quant"):
+        assert not report[bad].supported
+    # The MLX verdict stays what it is: a 7-bit llama is an MLX directory, bert is not one mlx-lm loads.
+    assert report["odd-quant"].mlx_format and not report["bert"].mlx_format
+    assert agent.client.model("bert").unsupported_reason == report["bert"].unsupported_reason
