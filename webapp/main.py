@@ -135,4 +135,7 @@ def build(args: argparse.Namespace, log):
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.ArgumentParser().parse_args()))
+    # The same arguments as the pipeserve sub-command (a bare parser would lack them all).
+    _parser = argparse.ArgumentParser(prog="python -m webapp.main")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

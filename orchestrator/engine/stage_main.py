@@ -72,4 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace()))
+    # The same arguments as the pipeserve sub-command (a bare parser would lack them all).
+    _parser = argparse.ArgumentParser(prog="python -m orchestrator.engine.stage_main")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))
