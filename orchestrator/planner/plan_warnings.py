@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.models.describe import ModelDescription
-
 from .facts import NodeFacts
 from .memory import StageCosts, format_bytes
 from .result import Issue, StagePlan, WarningCode
 from .settings import PlanSettings
 
 
-def plan_warnings(model: ModelDescription, model_name: str, nodes: Sequence[NodeFacts],
+def plan_warnings(model_name: str, nodes: Sequence[NodeFacts],
                   stages: Sequence[StagePlan], costs: StageCosts, settings: PlanSettings) -> list[Issue]:
     """Every warning that applies, in a fixed order."""
     issues: list[Issue] = []

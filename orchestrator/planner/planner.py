@@ -70,7 +70,7 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
                                     http_port=ports.http_port),
         ports={n.id: ((ports.coordinator_port, ports.stage_ports[0], ports.http_port) if k == 0
                       else (ports.stage_ports[k],)) for k, n in enumerate(nodes)},
-        warnings=tuple(plan_warnings(model, name, nodes, stages, costs, settings)),
+        warnings=tuple(plan_warnings(name, nodes, stages, costs, settings)),
         settings=settings,
     )
 

@@ -225,3 +225,32 @@ def test_bad_directories_raise_a_clear_error(tmp_path: Path, case: str, edit, me
 def test_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelDescriptionError, match="not a directory"):
         describe_model(tmp_path / "absent")
+
+
+# family -> whether its test model has its own head: nemotron_h (backbone.*, lm_head),
+# qwen3_5_moe (language_model.*), llama4_text (output.*) and gpt_oss (no tie key in its
+# config) do; jamba ties in config.json, gemma3_text publishes no head and no tie key.
+OWN_HEAD = {"nemotron_h": True, "jamba": False, "qwen3_5_moe": True, "gpt_oss": True, "gemma3_text": False,
+            "llama4_text": True}
+
+
+@pytest.mark.parametrize("family", sorted(OWN_HEAD))
+def test_every_family_layout_is_grouped(tmp_path, family):
+    """Each family's own tensor names (backbone.*, language_model.model.*, final_layernorm,
+    output) land in layers / embedding / norm / head, nothing in 'other'."""
+    from orchestrator.models.families import FAMILIES, build_family_model
+
+    d = describe_model(build_family_model(tmp_path / family, family))
+    assert d.supported and d.num_layers == len(FAMILIES[family].layers) == len(d.layer_caches)
+    assert d.other_bytes == 0 and all(d.layer_bytes) and d.embedding_bytes and d.norm_bytes
+    assert (d.head_bytes > 0, d.tied_embeddings) == (OWN_HEAD[family], not OWN_HEAD[family])
+
+
+def test_a_vision_language_config_is_described_but_unsupported(tmp_path):
+    from orchestrator.models.families import build_family_model
+
+    model = build_family_model(tmp_path / "vlm", "llama")
+    cfg = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**cfg, "vision_config": {"hidden_size": 32}}))
+    d = describe_model(model)
+    assert not d.supported and "multimodal" in d.unsupported_reason and d.layer_caches == ()
