@@ -29,6 +29,7 @@ import contextlib
 import copy
 import io
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -341,9 +342,11 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 
-def _family_config(spec: FamilySpec, dtype: str) -> dict[str, Any]:
-    """The config.json content before quantization."""
-    inner = {"model_type": spec.model_type, "vocab_size": VOCAB, **copy.deepcopy(spec.config), **_TOKEN_IDS}
+def _family_config(spec: FamilySpec, dtype: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The config.json content before quantization; `overrides` replace keys of the
+    family's (inner, text) config, vocab_size included. The token ids always stay."""
+    inner = {"model_type": spec.model_type, "vocab_size": VOCAB, **copy.deepcopy(spec.config),
+             **copy.deepcopy(dict(overrides or {})), **_TOKEN_IDS}
     if not spec.text_config:
         return {**inner, "torch_dtype": dtype}
     # Published Qwen3.5 checkpoints nest the language model's settings; mlx-lm reads
@@ -447,6 +450,7 @@ def build_family_model(
     quant: str | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a tiny random model of `family` (a key of FAMILIES) to `out_dir`; return it.
 
@@ -457,6 +461,12 @@ def build_family_model(
     limited to the family's `quants`. The same arguments give byte-identical files. The
     directory appears atomically; an existing non-empty one is replaced only with
     `overwrite`.
+
+    `config_overrides` reshapes the model with the family's own code and keys, e.g.
+    `{"hidden_size": 1024, "num_hidden_layers": 6, "vocab_size": 32000}` for a model shaped
+    like a published one (the benchmark's family rows). The family's `layer_pattern` then
+    describes its defaults only; a vocab_size other than 512 trains a tokenizer of that
+    size (a few seconds for 32000). Every override lands in config.json's "pipeserve" note.
     """
     from mlx_lm.utils import _get_classes
 
@@ -468,7 +478,8 @@ def build_family_model(
     if quant is not None and quant not in spec.quants:
         raise ValueError(f"family {family} supports quant in {list(spec.quants)}, not {quant!r}")
 
-    config = _family_config(spec, dtype)
+    config = _family_config(spec, dtype, config_overrides)
+    vocab = int((config.get("text_config") or config)["vocab_size"])
     # The loader's own lookup, so remapped names (mistral, kimi_k2) get the class that
     # mlx_lm.load will use.
     model_class, args_class = _get_classes(config)
@@ -486,7 +497,9 @@ def build_family_model(
     mx.eval(list(weights.values()))
     config["pipeserve"] = {"kind": "family-test-model", "family": family, "seed": seed, "quant": quant,
                            "scale": spec.scale}
-    tokenizer = train_tokenizer(VOCAB)
+    if config_overrides:
+        config["pipeserve"]["config_overrides"] = dict(config_overrides)
+    tokenizer = train_tokenizer(vocab)
     with staged_directory(Path(out_dir), overwrite=overwrite) as tmp:
         save_weights(tmp, [weights])
         write_json(tmp / "config.json", config)

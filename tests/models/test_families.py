@@ -199,3 +199,27 @@ def test_bad_arguments_are_rejected(tmp_path):
     with pytest.raises(ValueError):
         build_family_model(tmp_path / "m", "llama", quant="q3")
     assert not (tmp_path / "m").exists()
+
+
+def test_config_overrides_reshape_a_family_with_its_own_code(tmp_path):
+    # What the benchmark's family rows use: a family's keys, scaled up, and a larger vocabulary.
+    overrides = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 1024,
+                 "num_experts": 4}
+    path = build_family_model(tmp_path / "m", "qwen3_moe", config_overrides=overrides)
+    config = config_of(path)
+    assert {k: config[k] for k in overrides} == overrides
+    assert config["pipeserve"]["config_overrides"] == overrides
+    assert config["eos_token_id"] == 2  # the token ids are not overridable
+    assert Tokenizer.from_file(str(path / "tokenizer.json")).get_vocab_size() == 1024
+    weights = mx.load(str(path / "model.safetensors"))
+    assert weights["model.embed_tokens.weight"].shape == (1024, 128)
+    assert weights["model.layers.1.mlp.switch_mlp.gate_proj.weight"].shape[0] == 4
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(path)
+    prompt = Tokenizer.from_file(str(path / "tokenizer.json")).encode(PROMPT).ids  # fewer tokens: larger vocab
+    out = [int(token) for (token, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=24), range(24))]
+    assert len(set(out)) >= 5, out
+    # Without overrides nothing changes: the default model is still the tiny one.
+    assert "config_overrides" not in config_of(build_family_model(tmp_path / "d", "qwen3_moe"))["pipeserve"]
