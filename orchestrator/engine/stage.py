@@ -9,6 +9,7 @@ connections. Readers feed it through one inbox queue.
 from __future__ import annotations
 
 import errno
+import os
 import queue
 import resource
 import socket
@@ -67,6 +68,25 @@ class StageStats:
         }
 
 
+@dataclass(frozen=True)
+class Progress:
+    """The step the MLX thread is computing now (replaced, never mutated; None between steps)."""
+
+    started: float  # time.monotonic() when the step began
+    request: int  # the first request of the step
+    position: int  # its KV position: where the chunk starts
+    tokens: int  # the chunk's length (1 for a decode step)
+    batch: int  # requests in the step
+
+
+def progress_json(stats: StageStats, current: Progress | None, queued: int, at: float) -> dict:
+    """What a PONG says about progress: the coordinator's watchdog reads it (pure)."""
+    return {"steps": stats.steps, "busy_s": round(at - current.started, 3) if current else 0.0,
+            "request": current.request if current else None,
+            "chunk": [current.position, current.tokens] if current else None,
+            "batch": current.batch if current else 0, "queued": queued, "pid": os.getpid()}
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process."""
     try:
@@ -107,6 +127,7 @@ class Stage:
         self.faults = Faults.for_node(node.id)
         self._batch_refusal_logged = False
         self.current_threads = self.base_threads
+        self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
 
     # --- network threads ---------------------------------------------------------------
     def serve(self) -> None:
@@ -170,7 +191,9 @@ class Stage:
             while True:
                 group = conn.recv_group()
                 if group[0].kind is Kind.PING:
-                    conn.send(json_frame(Kind.PONG, self.stats.as_json()))
+                    stats = self.stats
+                    conn.send(json_frame(Kind.PONG, {**stats.as_json(), "progress": progress_json(
+                        stats, self.progress, self.inbox.qsize(), time.monotonic())}))
                     continue
                 if conn.role != self.upstream_role:
                     # Requests enter a stage only from its upstream neighbour; anyone else who
@@ -274,13 +297,15 @@ class Stage:
             else:
                 try:
                     work.append((f, state, from_frame(f, first=self.model.first, hidden=self.model.info.hidden_size,
-                                                         vocab=self.model.info.vocab_size)))
+                                                         vocab=self.model.info.vocab_size, dtype=self.model.dtype)))
                 except ValueError as exc:
                     self._error(f.request_id, f"stage {self.index}: {exc}")
         if not work:
             return []
         self._set_threads(all(f.flags & Flag.SOLO for f, _, _ in work))
         t0 = time.perf_counter()
+        first, _, x0 = work[0]
+        self.progress = Progress(time.monotonic(), first.request_id, first.position, int(x0.shape[1]), len(work))
         try:
             outputs = self._compute(work)
         except Exception as exc:  # a failed step fails its requests, not the stage
@@ -289,6 +314,8 @@ class Stage:
                 self._error(f.request_id, f"stage {self.index}: {exc}")
                 self.requests.pop(f.request_id, None)
             return []
+        finally:
+            self.progress = None
         self._record_step(time.perf_counter() - t0, len(work))
         return outputs
 
@@ -402,4 +429,4 @@ def _drain(conn: transport.Connection) -> None:
         conn.close()
 
 
-__all__ = ["Stage", "StageStats"]
+__all__ = ["Progress", "Stage", "StageStats", "progress_json"]

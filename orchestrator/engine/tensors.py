@@ -25,12 +25,12 @@ def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NON
     return Frame(Kind.FORWARD, request_id, position, dtype, tuple(h.shape), flags, np.array(raw, copy=False).tobytes())
 
 
-def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int) -> mx.array:
+def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int, dtype: mx.Dtype) -> mx.array:
     """The frame's tensor: [1, L] token ids on the first stage, [1, L, H] hidden elsewhere.
 
     Raises ValueError when the frame does not fit this stage (wrong kind of input, width,
-    or a token id outside the vocabulary). Hidden states keep the dtype the upstream layer
-    produced (families differ), which is what the next layer gets in one process too.
+    dtype, or a token id outside the vocabulary). `dtype` is what the stage's first layer
+    takes, which is what the upstream layer produces (`StageModel.dtype`).
     """
     if first:
         if frame.dtype is not DType.INT32 or len(frame.shape) != 1:
@@ -41,5 +41,7 @@ def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int) -> mx.arra
         return mx.array(ids)[None]
     if frame.dtype not in _FROM_WIRE or len(frame.shape) != 3 or frame.shape[0] != 1 or frame.shape[2] != hidden:
         raise ValueError(f"expected hidden states [1, L, {hidden}], got {frame.dtype.name} {frame.shape}")
+    if _FROM_WIRE[frame.dtype] != dtype:
+        raise ValueError(f"hidden states in {frame.dtype.name}, this model runs {dtype}")
     arr = mx.array(np.frombuffer(frame.payload, dtype=_NUMPY[frame.dtype]).reshape(frame.shape))
     return arr.view(mx.bfloat16) if frame.dtype is DType.BFLOAT16 else arr

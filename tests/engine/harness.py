@@ -61,6 +61,8 @@ def split_in_process(stages: list[StageModel], prompt: list[int], max_tokens: in
 
     def through(x: mx.array) -> mx.array:
         for s, c in zip(stages, caches):
+            # what crosses the wire must be what the next stage takes (its frames are checked)
+            assert s.first or x.dtype == s.dtype, f"stage {s.layer_range} takes {s.dtype}, got {x.dtype}"
             x = s.forward(x, c)
         return x
 
