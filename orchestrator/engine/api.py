@@ -43,7 +43,8 @@ class Coordinator:
         body = {
             "status": h.state, "ready": h.ready, "reason": h.reason, "model": self.model_name,
             "in_flight": h.in_flight,
-            "stages": [{"id": s.node_id, "address": s.address, "state": "up" if s.connected else "down",
+            "stages": [{"id": s.node_id, "address": s.address,
+                        "state": "wedged" if s.fault else "up" if s.connected else "down", "fault": s.fault,
                         "last_seen_s": s.last_seen_s, **s.stats} for s in h.stages],
         }
         return (200 if h.ready else 503), body

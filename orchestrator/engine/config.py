@@ -116,6 +116,9 @@ class ClusterSpec(BaseModel):
     max_batch: int = Field(default=16, ge=1, le=256)
     max_requests: int = Field(default=64, ge=1)
     context_length: int | None = Field(default=None, ge=8)
+    # A stage inside one step (or with work queued and no step done) this long is wedged;
+    # default engine.watchdog.DEFAULT_STALL_TIMEOUT. Longer than the longest prefill chunk.
+    stall_timeout_s: float | None = Field(default=None, gt=0)
 
     @field_validator("tensor_parallel_size")
     @classmethod

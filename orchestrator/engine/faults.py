@@ -2,42 +2,49 @@
 
 `PIPESERVE_FAULTS="stage-1:step-error"` makes stage-1 fail every compute step (a stage that
 loads but cannot serve); `stage-1:step-hang` makes its compute thread block forever while
-its reader threads keep answering pings (a wedged stage). Several entries are separated by
-commas. Tests set the variable in the environment of the agent that starts the stage.
+its reader threads keep answering pings (a wedged stage). A kind may end in `@N`: the fault
+starts at the stage's N-th step (`stage-1:step-hang@12` serves the readiness probe, then
+wedges). Several entries are separated by commas. Tests set the variable in the environment
+of the agent that starts the stage.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ENV = "PIPESERVE_FAULTS"
 KINDS = ("step-error", "step-hang")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Faults:
-    """The faults enabled for one stage."""
+    """The faults enabled for one stage (kind -> the step they start at, 1-based)."""
 
-    kinds: frozenset[str] = frozenset()
+    kinds: dict[str, int] = field(default_factory=dict)
+    steps: int = 0  # steps begun so far (the compute thread's own counter)
 
     @classmethod
     def for_node(cls, node_id: str, spec: str | None = None) -> "Faults":
         """Parse `PIPESERVE_FAULTS` (or `spec`) and keep the entries naming `node_id`."""
         spec = os.environ.get(ENV, "") if spec is None else spec
-        kinds = set()
+        kinds: dict[str, int] = {}
         for entry in filter(None, (e.strip() for e in spec.split(","))):
             node, _, kind = entry.partition(":")
-            if kind not in KINDS:
-                raise ValueError(f"{ENV}: unknown fault {entry!r} (known: {', '.join(KINDS)})")
+            kind, _, at = kind.partition("@")
+            if kind not in KINDS or (at and not at.isdigit()):
+                raise ValueError(f"{ENV}: unknown fault {entry!r} (known: {', '.join(KINDS)}, optionally @STEP)")
             if node == node_id:
-                kinds.add(kind)
-        return cls(frozenset(kinds))
+                kinds[kind] = int(at or 1)
+        return cls(kinds)
 
     def before_step(self) -> None:
         """Called by the stage's compute thread before each step."""
-        if "step-error" in self.kinds:
+        if not self.kinds:
+            return
+        self.steps += 1
+        if self.steps >= self.kinds.get("step-error", self.steps + 1):
             raise RuntimeError("fault injected: this stage cannot compute")
-        if "step-hang" in self.kinds:
+        if self.steps >= self.kinds.get("step-hang", self.steps + 1):
             threading.Event().wait()  # never set: the compute thread stops making progress

@@ -14,14 +14,17 @@ import math
 import os
 import queue
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..logs import EventLogger
 from .config import ClusterConfig
+from .generation import (Failed, Finished, Generation, GenerationParams, Health, NotReady, StageHealth,
+                         TokenEvent)
 from .links import StageLink, now
 from .metrics import Metrics
 from .sampling import decode_result
 from .tensors import tokens_frame
+from .watchdog import Watchdog, canary_interval, stall_timeout
 from .wire import Flag, Frame, FrameError, Kind, json_frame
 
 PING_INTERVAL = 0.5
@@ -36,60 +39,6 @@ PROBE_REQUESTS = 2
 REPROBE_INTERVAL = 5.0
 
 
-@dataclass(frozen=True)
-class GenerationParams:
-    """What a request asks of the sampler and the loop."""
-
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    top_logprobs: int = 0
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """A generated token, its log-prob, and the top alternatives if asked for."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The generation ended normally: "stop" (EOS) or "length"."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The generation ended with an error (HTTP status suggested for the API)."""
-
-    message: str
-    status: int = 503
-
-
-class NotReady(RuntimeError):
-    """The pipeline cannot take requests now."""
-
-
-class Generation:
-    """A handle on one submitted request: read `events`, call `cancel()` to abandon it."""
-
-    def __init__(self, prompt: list[int], params: GenerationParams, inbox: queue.Queue) -> None:
-        self.prompt = prompt
-        self.params = params
-        self.events: queue.Queue = queue.Queue()
-        self.submitted = now()
-        self._inbox = inbox
-
-    def cancel(self) -> None:
-        """Stop generating (client gone or a stop string matched); idempotent."""
-        self._inbox.put(("cancel", self))
-
-
 @dataclass
 class _Active:
     gen: Generation
@@ -98,33 +47,8 @@ class _Active:
     generated: int = 0
     next_token: int = 0
     cancelled: bool = False
-    internal: bool = False
-
-
-@dataclass(frozen=True)
-class StageHealth:
-    """How the coordinator sees one stage."""
-
-    node_id: str
-    address: str
-    connected: bool
-    last_seen_s: float | None
-    stats: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Health:
-    """An immutable snapshot of the pipeline, replaced by the scheduler on every change."""
-
-    state: str  # starting | warming | ready | unhealthy | stopped
-    reason: str
-    stages: tuple[StageHealth, ...]
-    in_flight: int
-
-    @property
-    def ready(self) -> bool:
-        """Whether requests are accepted."""
-        return self.state == "ready"
+    internal: bool = False  # the readiness probe or the idle canary: never counted as a request
+    canary: bool = False
 
 
 class Pipeline:
@@ -157,6 +81,10 @@ class Pipeline:
         self._last_tick = 0.0
         self._last_probe = 0.0
         self._stats: dict[int, dict] = {}
+        self.watchdog = Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s))
+        self._wedged: dict[int, str] = {}  # stage index -> why; cleared when its connection goes
+        self._canary_every = canary_interval()
+        self._last_busy = now()
         self._state, self._reason = "starting", "connecting to stages"
         self._stop = threading.Event()
         self.health = self._snapshot()
@@ -222,13 +150,45 @@ class Pipeline:
             seen = self._last_seen.get(link.index)
             if link.conn is not None and seen is not None and t - seen > PING_TIMEOUT:
                 self._lose(link.index, f"no answer for {PING_TIMEOUT:.1f} s")
-        probe = next((a for a in self._active.values() if a.internal), None)
+        self._watch(t)
+        probe = next((a for a in self._active.values() if a.internal and not a.canary), None)
         if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
             self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
         elif (probe is None and self._state == "unhealthy" and all(l.conn is not None for l in self.links)
-              and t - self._last_probe > REPROBE_INTERVAL):
+              and not self._wedged and t - self._last_probe > REPROBE_INTERVAL):
             self._probe()
         self.health = self._snapshot()
+
+    def _watch(self, t: float) -> None:
+        """Wedge detection (see `watchdog`): a stuck stage, an overdue canary; an idle pipeline
+        sends a canary now and then, so a stage that wedged while idle is found before a request is."""
+        for link in self.links:
+            if link.conn is not None and link.index not in self._wedged:
+                why = self.watchdog.wedged(link.index, t)
+                if why:
+                    self._wedge(link.index, why)
+        overdue = self.watchdog.canary_overdue(t)
+        if overdue is not None:
+            self._wedge(*overdue)
+        if any(not a.canary for a in self._active.values()):
+            self._last_busy = t
+        elif (self._state == "ready" and not self._active and self.watchdog.canary_sent_at is None
+              and t - self._last_busy > self._canary_every):
+            self._last_busy = t
+            self.watchdog.canary_sent(t)
+            self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
+                        internal=True, canary=True)
+
+    def _wedge(self, index: int, why: str) -> None:
+        """Declare a stage wedged: its link stays (pings still answer) but nothing is sent through it
+        until its connection goes (the control plane replaces the process)."""
+        self._wedged[index] = why
+        self.watchdog.canary_returned()
+        message = f"pipeline stage {self.links[index].label} wedged: {why}"
+        self.log.warning("stage.wedged", stage=self.links[index].node_id, reason=why, progress=self._stats.get(index),
+                         failed_requests=len(self._active))
+        self._fail_all(message)
+        self._set_state("unhealthy", message)
 
     def _on_link_up(self, index: int, conn) -> None:
         link = self.links[index]
@@ -236,6 +196,7 @@ class Pipeline:
             link.conn.close()
         link.conn = conn
         self._last_seen[index] = now()
+        self.watchdog.forget(index)
         self.log.info("link.up", stage=link.node_id)
         if all(l.conn is not None for l in self.links):
             # Stale per-request state from before must go. RESET travels down the chain from
@@ -257,6 +218,8 @@ class Pipeline:
             link.conn.close()
             link.conn = None
         self._stats.pop(index, None)
+        self._wedged.pop(index, None)
+        self.watchdog.forget(index)
         message = f"pipeline stage {link.label} lost: {reason}"
         self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self._active))
         self._fail_all(message)
@@ -282,7 +245,7 @@ class Pipeline:
         return Health(self._state, self._reason, tuple(
             StageHealth(l.node_id, f"{l.address[0]}:{l.address[1]}", l.conn is not None,
                         round(t - self._last_seen[l.index], 3) if l.index in self._last_seen and l.conn else None,
-                        dict(self._stats.get(l.index, {})))
+                        dict(self._stats.get(l.index, {})), self._wedged.get(l.index, ""))
             for l in self.links), len(self._active))
 
     def _shutdown(self) -> None:
@@ -294,7 +257,7 @@ class Pipeline:
         self._set_state("stopped", "stopped")
 
     # --- requests -------------------------------------------------------------------------
-    def _admit(self, gen: Generation, internal: bool) -> None:
+    def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
         if not internal and self._state != "ready":
             gen.events.put(Failed(f"pipeline is {self._state}: {self._reason}"))
             return
@@ -302,7 +265,7 @@ class Pipeline:
             gen.events.put(Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
             return
         rid = next(self._ids)
-        a = _Active(gen, rid, internal=internal)
+        a = _Active(gen, rid, internal=internal, canary=canary)
         gen.rid = rid
         self._active[rid] = a
         p = gen.params
@@ -355,7 +318,8 @@ class Pipeline:
                 try:
                     self._stats[index] = f.json()
                     self.metrics.observe_stage(self.links[index].node_id, self._stats[index])
-                except FrameError:
+                    self.watchdog.observe(index, self._stats[index].get("progress") or {}, now())
+                except (FrameError, AttributeError, TypeError, ValueError):
                     pass
             elif f.kind is Kind.ERROR:
                 self._on_error(index, f)
@@ -426,8 +390,11 @@ class Pipeline:
         self._active.pop(a.rid, None)
         if event is not None:
             a.gen.events.put(event)
+        if a.canary:
+            self.watchdog.canary_returned()
         if a.internal and isinstance(event, Failed):
-            self._set_state("unhealthy", f"probe generation failed: {event.message}")
+            what = "canary" if a.canary else "probe generation"
+            self._set_state("unhealthy", f"{what} failed: {event.message}")
         self._send(0, [Frame(Kind.CLOSE, a.rid)])
         self.metrics.set_in_flight(self._public_count())
 

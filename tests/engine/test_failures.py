@@ -123,3 +123,59 @@ def test_a_stage_that_loads_but_cannot_serve_is_never_ready(test_model_dir, laun
     assert "'status': 'unhealthy'" in message and "probe generation failed" in message, message
     assert "stage-1" in message and "cannot compute" in message, message
 
+
+
+WEDGE_ENV = {"PIPESERVE_STALL_TIMEOUT_S": "2", "PIPESERVE_CANARY_INTERVAL_S": "1"}
+
+
+def _health(cluster) -> dict:
+    return requests.get(cluster.base_url + "/health", timeout=5).json()
+
+
+def _wait_health(cluster, predicate, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not predicate(h := _health(cluster)):
+        assert time.monotonic() < deadline, h
+        time.sleep(0.1)
+    return h
+
+
+def test_a_wedged_stage_fails_requests_and_is_named_with_its_progress(test_model_dir, launch):
+    """step-hang from stage-1's 20th step on: the probe passes, a long request wedges it; its
+    readers still answer pings, the watchdog sees one step last past the stall timeout."""
+    cluster = launch(test_model_dir, [(0, 1), (2, 3)],
+                     env={**WEDGE_ENV, "PIPESERVE_FAULTS": "stage-1:step-hang@20", "PIPESERVE_CANARY_INTERVAL_S": "600"})
+    body = {"model": test_model_dir.name, "prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0}
+    started = time.monotonic()
+    r = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=60)
+    failed_after = time.monotonic() - started
+    assert r.status_code >= 500 and "wedged" in r.json()["error"]["message"], r.text
+    assert "stage-1" in r.json()["error"]["message"]
+    h = _health(cluster)
+    stage1 = next(s for s in h["stages"] if s["id"] == "stage-1")
+    assert h["status"] == "unhealthy" and "wedged" in h["reason"], h
+    assert stage1["state"] == "wedged" and "inside one step" in stage1["fault"], stage1
+    assert stage1["progress"]["busy_s"] > 2 and stage1["progress"]["request"] is not None, stage1
+    assert next(s for s in h["stages"] if s["id"] == "stage-0")["state"] == "up"
+    r = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=10)
+    assert r.status_code == 503 and r.headers.get("Retry-After"), r.headers
+    print(f"wedged stage: request failed after {failed_after:.2f} s (stall timeout 2 s)")
+
+
+def test_an_idle_pipeline_sends_canaries_that_find_a_wedged_stage(test_model_dir, launch):
+    """No request at all: the idle canary makes the stage step, and the watchdog catches the hang."""
+    cluster = launch(test_model_dir, [(0, 1), (2, 3)], env={**WEDGE_ENV, "PIPESERVE_FAULTS": "stage-1:step-hang@12"})
+    h = _wait_health(cluster, lambda h: h["status"] == "unhealthy", 60)
+    assert "stage-1" in h["reason"] and "wedged" in h["reason"], h
+
+
+def test_stage_progress_is_reported_in_health(test_model_dir, launch):
+    cluster = launch(test_model_dir, [(0, 1), (2, 3)], env=WEDGE_ENV)
+    h = _wait_health(cluster, lambda h: all("progress" in s for s in h["stages"]))
+    for s in h["stages"]:
+        p = s["progress"]
+        assert p["steps"] > 0 and p["busy_s"] >= 0 and p["queued"] >= 0 and p["pid"] > 0, p
+    before = h["stages"][1]["progress"]["steps"]
+    # the idle canary keeps the stages stepping (and the pipeline ready)
+    h = _wait_health(cluster, lambda h: h["stages"][1]["progress"]["steps"] > before, 30)
+    assert h["status"] == "ready", h
