@@ -2,6 +2,9 @@
 
 `create_app` only wires things together — no thread starts here or at import; the
 orchestrator is created and started by `pipeserve dashboard` (webapp.main).
+
+Importing this package imports nothing heavy: `pipeserve dashboard` must apply gevent's
+monkey-patching before ssl, socket users and threads are imported (webapp.main).
 """
 
 from __future__ import annotations
@@ -9,13 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flask import Flask, jsonify, render_template, request
-from werkzeug.exceptions import HTTPException
+if TYPE_CHECKING:
+    from flask import Flask
 
-from orchestrator.control.core import Orchestrator
+    from orchestrator.control.core import Orchestrator
 
-from .auth import AuthStore
+    from .authstore import AuthStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +35,9 @@ class Services:
 
 def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> Flask:
     """Build the Flask app around a (started or not) orchestrator."""
+    from flask import Flask, jsonify, render_template, request
+    from werkzeug.exceptions import HTTPException
+
     app = Flask(__name__, template_folder=str(ROOT / "templates"), static_folder=str(ROOT / "static"))
     app.secret_key = auth.secret_key()
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",

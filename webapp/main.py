@@ -47,10 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the admin token on first start, then serve until SIGTERM."""
-    from orchestrator import logs
-
-    from .auth import AuthStore
-
     if args.router_admin_token is not None:
         print(f"pipeserve dashboard: --router-admin-token is refused (a command line is visible to every local "
               f"user); put the token in a file and pass --router-admin-token-file FILE, or set ${ROUTER_TOKEN_ENV}",
@@ -61,6 +57,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pipeserve dashboard: {exc}", file=sys.stderr, flush=True)
         return 2
+    if not args.reset_admin_token:
+        # Before anything imports ssl, sockets or threads (gevent's rule): the master forks the
+        # worker, which must inherit cooperative versions of them all.
+        from gevent import monkey
+
+        monkey.patch_all()
+    from orchestrator import logs
+
+    from .authstore import AuthStore
+
     log = logs.setup("dashboard")
     auth = AuthStore(args.state_dir)
     if args.reset_admin_token:
@@ -118,8 +124,10 @@ def build(args: argparse.Namespace, log):
     from orchestrator.registrar import AdminApiRegistrar, BearerAuth, ConfigFileRegistrar
 
     from . import create_app
-    from .auth import AuthStore
+    from .authstore import AuthStore
+    from .greenio import isolate_asyncio_per_greenlet
 
+    isolate_asyncio_per_greenlet()  # before zeroconf starts its loop (discovery)
     if args.router_admin_url:
         token = router_admin_token(args)
         registrar = AdminApiRegistrar(args.router_admin_url, auth=BearerAuth(token) if token else None)

@@ -17,6 +17,7 @@ from orchestrator.registrar import ConfigFileRegistrar
 from webapp import create_app
 from webapp.auth import AuthStore
 
+from .server import Dashboard, start_dashboard
 from .states import rich_state
 
 
@@ -88,3 +89,11 @@ def buttons(html: str) -> list[tuple[str, bool]]:
         elif not closing:
             out.append((text.strip(), any(depth) or bool(re.search(r"\bdisabled\b", attrs))))
     return out
+
+
+@pytest.fixture(scope="module")
+def dashboard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
+    """A real `pipeserve dashboard` process (gunicorn, its worker, real sockets) for this module."""
+    d = start_dashboard(tmp_path_factory.mktemp("dashboard"))
+    yield d
+    d.stop()

@@ -55,6 +55,11 @@ class Dashboard:
         assert r.status_code == 302, (r.status_code, r.text[:300])
         return s
 
+    def csrf(self, session: requests.Session) -> str:
+        """The CSRF token a logged-in session's pages carry."""
+        html = session.get(self.url + "/settings", timeout=10).text
+        return re.search(r'<meta name="csrf-token" content="([^"]*)"', html).group(1)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)

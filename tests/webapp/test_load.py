@@ -8,25 +8,16 @@ from __future__ import annotations
 
 import socket
 import time
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 import requests
 
-from .server import Dashboard, close_code, read_frames, read_upgrade, start_dashboard, ws_connect, ws_request
+from .server import Dashboard, close_code, read_frames, read_upgrade, ws_connect, ws_request
 
 IDLE_SOCKETS = 500
 WEBSOCKETS = 200
 PER_SESSION = 8  # the dashboard's cap on live sockets per session (webapp.guard.WS_PER_SESSION)
 BOUND_S = 3.0  # generous for a loaded 2-core machine; the measured time is printed (< 1 s expected)
-
-
-@pytest.fixture(scope="module")
-def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    d = start_dashboard(tmp_path_factory.mktemp("load"))
-    yield d
-    d.stop()
 
 
 def _timed_login_page(url: str) -> float:
@@ -39,24 +30,24 @@ def _timed_login_page(url: str) -> float:
     return time.monotonic() - started
 
 
-def test_idle_sockets_and_many_websockets_leave_the_login_page_answering(dash: Dashboard):
+def test_idle_sockets_and_many_websockets_leave_the_login_page_answering(dashboard: Dashboard):
     opened: list[socket.socket] = []
     try:
         # 200 live websockets over 25 sessions (8 each: the per-session cap), all handshakes in
         # flight at once so a starved server costs one deadline, not one per socket.
-        cookies = [dash.login().cookies["session"] for _ in range(WEBSOCKETS // PER_SESSION)]
+        cookies = [dashboard.login().cookies["session"] for _ in range(WEBSOCKETS // PER_SESSION)]
         for i in range(WEBSOCKETS):
-            s = socket.create_connection(("127.0.0.1", dash.port), timeout=10)
+            s = socket.create_connection(("127.0.0.1", dashboard.port), timeout=10)
             opened.append(s)
-            s.sendall(ws_request(dash.port, "/ws?components=nodes", cookies[i // PER_SESSION]))
+            s.sendall(ws_request(dashboard.port, "/ws?components=nodes", cookies[i // PER_SESSION]))
         deadline = time.monotonic() + 20
         upgraded = sum(read_upgrade(s, deadline)[0] == 101 for s in opened)
         # 500 sockets that send half a request line and stall (each held a thread before).
         for _ in range(IDLE_SOCKETS):
-            s = socket.create_connection(("127.0.0.1", dash.port), timeout=10)
+            s = socket.create_connection(("127.0.0.1", dashboard.port), timeout=10)
             s.sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             opened.append(s)
-        times = [_timed_login_page(dash.url) for _ in range(3)]
+        times = [_timed_login_page(dashboard.url) for _ in range(3)]
         print(f"\nwebsockets upgraded {upgraded}/{WEBSOCKETS}, {IDLE_SOCKETS} idle sockets; "
               f"login page: {', '.join(f'{t:.3f} s' for t in times)}")
         assert upgraded == WEBSOCKETS
@@ -66,15 +57,15 @@ def test_idle_sockets_and_many_websockets_leave_the_login_page_answering(dash: D
             s.close()
 
 
-def test_a_session_gets_a_bounded_number_of_websockets_and_a_clear_refusal(dash: Dashboard):
-    cookie = dash.login().cookies["session"]
+def test_a_session_gets_a_bounded_number_of_websockets_and_a_clear_refusal(dashboard: Dashboard):
+    cookie = dashboard.login().cookies["session"]
     held = []
     try:
         for _ in range(PER_SESSION):
-            sock, status, _ = ws_connect(dash.port, "/ws?components=nodes", cookie)
+            sock, status, _ = ws_connect(dashboard.port, "/ws?components=nodes", cookie)
             held.append(sock)
             assert status == 101
-        sock, status, rest = ws_connect(dash.port, "/ws?components=nodes", cookie)
+        sock, status, rest = ws_connect(dashboard.port, "/ws?components=nodes", cookie)
         held.append(sock)
         frames, closed = read_frames(sock, rest, 5)
         assert status == 101 and closed
@@ -83,7 +74,7 @@ def test_a_session_gets_a_bounded_number_of_websockets_and_a_clear_refusal(dash:
         # closing one frees a slot
         held[0].close()
         time.sleep(1.5)
-        sock, status, rest = ws_connect(dash.port, "/ws?components=nodes", cookie)
+        sock, status, rest = ws_connect(dashboard.port, "/ws?components=nodes", cookie)
         held.append(sock)
         frames, closed = read_frames(sock, rest, 1)
         assert status == 101 and not closed and frames, frames

@@ -1,0 +1,43 @@
+"""The evented stack (gevent worker) keeps what the threaded one did: zeroconf discovery runs
+inside the dashboard process (its asyncio loop must not leak into other greenlets, see
+webapp.greenio) and the process warns about nothing it patched too late."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from .server import ROOT, free_port, start_dashboard
+
+
+def test_discovery_finds_an_agent_under_the_gevent_worker(tmp_path: Path):
+    port = free_port()
+    with open(tmp_path / "agent.log", "wb") as log:
+        agent = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "agent", "--host", "127.0.0.1", "--port",
+                                  str(port), "--name", "gevent-probe", "--models-dir", str(tmp_path / "models"),
+                                  "--state-dir", str(tmp_path / "agent")], cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    d = None
+    try:
+        d = start_dashboard(tmp_path, "--discovery", "--discovery-interface", "127.0.0.1")
+        names: list[str] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "gevent-probe" not in names:
+            state = requests.get(d.url + "/api/state", headers={"Authorization": f"Bearer {d.admin_token}"},
+                                 timeout=5).json()
+            names = [n["name"] for n in state["discovered"]]
+            time.sleep(0.3)
+        log = d.log()
+        assert "gevent-probe" in names, log
+        assert "Traceback" not in log and "MonkeyPatchWarning" not in log, log
+    finally:
+        if d is not None:
+            d.stop()
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(15)
