@@ -67,7 +67,7 @@ class AuthStore:
     def _writing(self) -> Iterator[dict[str, Any]]:
         """The freshest data, to change in place; saved atomically on exit, under flock."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self._lock, open(self._lockfile, "a") as lock:
+        with self._lock, os.fdopen(os.open(self._lockfile, os.O_RDWR | os.O_CREAT, 0o600)) as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
             self._stamp = None  # always re-read under the file lock: another process may just have written
             self._refresh()
