@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from ..planner import Plan, Refusal
 
 PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
-             "session_registered", "session_faulted", "health_changed", "session_removed"}
+             "session_registered", "session_faulted", "health_changed", "session_removed", "post_mortem_recorded",
+             "recovery_failed", "session_recovered"}
 
 
 class CommandRefused(ValueError):
@@ -67,7 +68,10 @@ class Orchestrator:
         self._inbox: queue.Queue = queue.Queue()
         self._clients: dict[tuple[str, str], AgentClient] = {}
         self._clients_lock = threading.Lock()
-        self._cancels: dict[str, threading.Event] = {}  # session id -> cancel flag of its launch
+        self._cancels: dict[str, threading.Event] = {}  # session id -> cancel flag of its launch or recovery
+        from .secrets import SecretStore
+
+        self.secrets = SecretStore(self.state_dir)
         self._thread: threading.Thread | None = None
         self.agent_timeout = agent_timeout
         self._discovery = discovery
@@ -171,12 +175,19 @@ class Orchestrator:
         self._react(old, new, event)
 
     def _react(self, old: State, new: State, event: ev.Event) -> None:
-        """Side effects that follow from a state change."""
-        if isinstance(event, ev.SessionFaulted):
-            s = new.session(event.session_id)
-            if s is not None and s.phase == "stopping" and (old.session(s.id) or s).phase == "running":
-                self.log.warning("session.unhealthy", session=s.id, reason=event.reason)
-                self._spawn(self._teardown, s, "Unhealthy", event.reason)
+        """Side effects that follow from a state change: a fault starts a recovery attempt (after
+        its backoff) or, when none may follow, the teardown."""
+        if isinstance(event, (ev.SessionFaulted, ev.RecoveryFailed)):
+            s, before = new.session(event.session_id), old.session(event.session_id)
+            if s is None or before is None or before.phase not in ("running", "recovering"):
+                return
+            if s.phase == "stopping":
+                self.log.warning("session.unhealthy", session=s.id, reason=s.reason)
+                self._spawn(self._teardown, s, "Unhealthy", s.reason)
+            elif s.phase == "recovering":
+                self.log.warning("session.recovering", session=s.id, reason=s.reason, attempt=s.recovery_attempt)
+                self._cancels.setdefault(s.id, threading.Event())
+                self._spawn(self._recover_processes, s)
 
     def _spawn(self, fn: Callable[..., None], *args: Any) -> None:
         threading.Thread(target=fn, args=args, name=fn.__name__.strip("_"), daemon=True).start()
@@ -297,18 +308,22 @@ class Orchestrator:
             self._cancels[created.id] = threading.Event()
             return created
         created = self._call(create)
-        self._spawn(self._launch, created, model_id, self._cancels[created.id])
+        secret = secrets.token_hex(24)
+        self.secrets.put(created.id, secret)  # a replaced stage rejoins with it
+        self._spawn(self._launch, created, model_id, self._cancels[created.id], secret)
         return created
 
     def stop_session(self, session_id: str) -> None:
         """Stop a session: the same teardown as an unhealthy cluster, reason "stopped"."""
         def stop() -> Session | None:
             s = self._state.session(session_id)
-            if s is None or s.phase not in ("launching", "running"):
+            if s is None or s.phase not in ("launching", "running", "recovering"):
                 raise CommandRefused(f"no live session {session_id!r}")
             if s.phase == "launching":
                 self._cancels[session_id].set()  # the launcher rolls back and reports
                 return None
+            if s.phase == "recovering":
+                self._cancels.setdefault(session_id, threading.Event()).set()  # no further start
             self._apply(ev.HealthChanged(session_id=s.id, health=s.health, phase="stopping", reason="stop requested"))
             return s
         s = self._call(stop)
@@ -329,9 +344,9 @@ class Orchestrator:
         agents = {nid: self.agent(nid) for nid in s.node_ids}
         return {k: v for k, v in agents.items() if v is not None}
 
-    def _launch(self, s: Session, model_id: str, cancel: threading.Event) -> None:
+    def _launch(self, s: Session, model_id: str, cancel: threading.Event, secret: str) -> None:
         launcher = Launcher(s, self._agents_for(s), self.registrar, self.post, self.timeouts, cancel)
-        ok = launcher.launch(model_id, secrets.token_hex(24), "tcp")
+        ok = launcher.launch(model_id, secret, "tcp")
         if ok and not cancel.is_set():
             self.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
             return
@@ -350,10 +365,40 @@ class Orchestrator:
             reason = f"{reason} (cleanup problems: {'; '.join(problems)})"
         self.post(ev.HealthChanged(session_id=s.id, health=health, phase="stopped", reason=reason))
         self.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+        self.secrets.keep_only({x.id for x in self._state.sessions if x.id != s.id})
+
+    def _recover_processes(self, s: Session) -> None:
+        """One recovery attempt (after its backoff); reports SessionRecovered or RecoveryFailed."""
+        from .recovery import Recovery, backoff, elapsed_since
+
+        cancel = self._cancels[s.id]
+        if cancel.wait(backoff(s.recovery_attempt)):
+            return  # stopped meanwhile: stop_session tears it down
+        secret = self.secrets.get(s.id)
+        if secret is None:
+            self.post(ev.RecoveryFailed(session_id=s.id, final=True,
+                                        reason="the cluster secret of this session is not known here"))
+            return
+        fault = s.faults[-1]
+        problem = Recovery(s, fault.processes, self._agents_for(s), self.registrar, self.post, self.timeouts, secret,
+                           cancel).run()
+        if cancel.is_set():
+            return
+        if problem:
+            self.log.warning("session.recovery_failed", session=s.id, attempt=s.recovery_attempt, reason=problem)
+            self.post(ev.RecoveryFailed(session_id=s.id, reason=problem))
+        else:
+            seconds = elapsed_since(fault.at)
+            self.log.info("session.recovered", session=s.id, processes=",".join(fault.processes), seconds=seconds)
+            self.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
 
     def _recover(self, s: Session) -> None:
         """After a restart: re-adopt a session that is still healthy, clean up one that is not."""
-        _, problem = self.watcher.inspect(s)
+        _, problem, _ = self.watcher.inspect(s)
+        if s.phase == "recovering":  # the dashboard went away mid-recovery: carry on with it
+            self._cancels.setdefault(s.id, threading.Event())
+            self._recover_processes(s)
+            return
         if s.phase == "running" and not problem:
             try:
                 self.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice

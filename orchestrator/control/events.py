@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..agent.schemas import Report
-from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, Preparation, Sample, Session, Settings,
-                    StageStatus, StepState)
+from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, PostMortem, Preparation, Sample, Session,
+                    Settings, StageStatus, StepState)
 
 
 class Event(BaseModel):
@@ -116,11 +116,41 @@ class SessionObserved(Event):
 
 
 class SessionFaulted(Event):
-    """The watcher saw a running session broken (a stage gone, the coordinator unhealthy)."""
+    """The watcher saw a running session broken (a stage gone or wedged, the coordinator
+    unhealthy). `processes` are the ones to replace ("stage-1", "coordinator"); empty when
+    the watcher could not tell, and then only a teardown is left."""
 
     kind: Literal["session_faulted"] = "session_faulted"
     session_id: str
     reason: str
+    processes: tuple[str, ...] = ()
+    at: float = 0.0
+
+
+class PostMortemRecorded(Event):
+    """A recovery kept what was left of the processes it replaced."""
+
+    kind: Literal["post_mortem_recorded"] = "post_mortem_recorded"
+    session_id: str
+    post_mortems: tuple[PostMortem, ...]
+
+
+class RecoveryFailed(Event):
+    """A recovery attempt did not bring the session back (another may follow)."""
+
+    kind: Literal["recovery_failed"] = "recovery_failed"
+    session_id: str
+    reason: str
+    final: bool = False  # no further attempt can help (e.g. the cluster secret is gone)
+
+
+class SessionRecovered(Event):
+    """The replaced processes serve again: Healthy, the router entry back."""
+
+    kind: Literal["session_recovered"] = "session_recovered"
+    session_id: str
+    seconds: float  # from the fault being seen to Healthy again
+    detail: str = ""
 
 
 class HealthChanged(Event):

@@ -93,19 +93,19 @@ class Launcher:
             for st in self.s.stages:
                 key = f"stage-{st.index}.start"
                 self._step(key, "running")
-                self._start(st.node_id, "stage", f"stage-{st.index}", model_id, toml, secret)
+                self.start_process(st.node_id, "stage", f"stage-{st.index}", model_id, toml, secret)
                 self._step(key, "done", f"pid on {st.node_name}")
                 key = f"stage-{st.index}.listen"
                 self._step(key, "running")
-                self._wait_listening(st.node_id, f"stage-{st.index}", self.t.listen)
+                self.wait_listening(st.node_id, f"stage-{st.index}", self.t.listen)
                 self._step(key, "done")
             key = "coordinator.start"
             self._step(key, "running")
-            self._start(self.s.coordinator_node, "coordinator", "coordinator", model_id, toml, secret)
+            self.start_process(self.s.coordinator_node, "coordinator", "coordinator", model_id, toml, secret)
             self._step(key, "done", self.s.url)
             key = "coordinator.healthy"
             self._step(key, "running")
-            self._wait_healthy()
+            self.wait_healthy()
             self._step(key, "done")
             key = "router.register"
             self._step(key, "running")
@@ -118,7 +118,8 @@ class Launcher:
             self.rollback(failed_key=key)
             return False
 
-    def _start(self, node_id: str, kind: str, process_id: str, model_id: str, toml: str, secret: str) -> None:
+    def start_process(self, node_id: str, kind: str, process_id: str, model_id: str, toml: str, secret: str) -> None:
+        """Ask the node's agent to start one engine process (remembered for rollback)."""
         if self.cancel.is_set():
             raise LaunchFailed(process_id, "launch cancelled")
         request = {"kind": kind, "cluster_id": self.s.id, "node_id": process_id, "model_id": model_id,
@@ -135,7 +136,8 @@ class Launcher:
             except AgentError:
                 pass  # the wait below notices a dead agent through its own calls
 
-    def _wait_listening(self, node_id: str, process_id: str, timeout: float) -> None:
+    def wait_listening(self, node_id: str, process_id: str, timeout: float) -> None:
+        """Until the process's transport port listens; LaunchFailed (with its last output) if it exits."""
         deadline = time.monotonic() + timeout
         last_renew = time.monotonic()
         while True:
@@ -154,7 +156,8 @@ class Launcher:
                 last_renew = time.monotonic()
             time.sleep(0.1)
 
-    def _wait_healthy(self) -> None:
+    def wait_healthy(self) -> None:
+        """Until the coordinator says ready (its probe passed through every stage); LaunchFailed otherwise."""
         deadline = time.monotonic() + self.t.healthy
         last_renew = time.monotonic()
         reason = "no answer"

@@ -20,6 +20,10 @@ class Settings(_Frozen):
     transport_backend: Literal["tcp", "thunderbolt", "rdma"] = "tcp"
     port_start: int = Field(default=39600, ge=1024, le=65535)
     port_end: int = Field(default=39629, ge=1024, le=65535)
+    # A stage (or the coordinator) that dies or wedges is replaced alone, the others keep
+    # their weights; after this many failed attempts in a row the session is torn down.
+    auto_restart: bool = True
+    restart_attempts: int = Field(default=3, ge=1, le=10)
 
 
 class Node(_Frozen):
@@ -74,6 +78,17 @@ class StagePlacement(_Frozen):
     port: int
 
 
+class StageProgress(_Frozen):
+    """A stage's own progress report (its PONG, relayed by the coordinator's /health)."""
+
+    steps: int = 0  # steps completed since the process started
+    busy_s: float = 0.0  # time in the current step (0: idle)
+    request: int | None = None  # the request of the current step
+    chunk: tuple[int, int] | None = None  # its (KV position, tokens)
+    queued: int = 0  # work waiting for the compute thread
+    pid: int | None = None
+
+
 class StageStatus(_Frozen):
     """What the watcher last saw of a stage."""
 
@@ -82,6 +97,33 @@ class StageStatus(_Frozen):
     step_ms: float | None = None
     connected: bool | None = None
     detail: str = ""
+    progress: StageProgress | None = None
+    fault: str = ""  # the coordinator's verdict, e.g. "wedged: no progress for 16 s inside one step"
+
+
+class PostMortem(_Frozen):
+    """What was left of a faulted process: how it ended, its last output and progress."""
+
+    process: str  # "stage-1" or "coordinator"
+    node_name: str
+    ended: str  # "SIGKILL", "exit status 1", "still running (wedged): killed", "agent unreachable"
+    log_tail: tuple[str, ...] = ()
+    progress: StageProgress | None = None
+
+
+FaultOutcome = Literal["recovering", "recovered", "stopped"]
+
+
+class Fault(_Frozen):
+    """One fault of a session and what became of it (kept in the session, shown in its drawer)."""
+
+    at: float  # wall-clock time it was seen
+    reason: str
+    processes: tuple[str, ...] = ()  # what was replaced ("" when nothing could be: torn down)
+    outcome: FaultOutcome = "recovering"
+    attempts: int = 0
+    recovery_s: float | None = None  # seen -> Healthy again
+    post_mortems: tuple[PostMortem, ...] = ()
 
 
 class Sample(_Frozen):
@@ -95,7 +137,7 @@ class Sample(_Frozen):
 SAMPLES = 60  # samples kept per session: about 30 s at the watcher's two looks a second
 
 Health = Literal["Starting", "Healthy", "Unhealthy", "Stopped"]
-Phase = Literal["launching", "running", "stopping", "stopped", "failed"]
+Phase = Literal["launching", "running", "recovering", "stopping", "stopped", "failed"]
 
 
 class Session(_Frozen):
@@ -120,6 +162,8 @@ class Session(_Frozen):
     created_at: float = 0.0
     transport_fallback: str = ""  # e.g. "rdma unavailable: using tcp"
     config_toml: str = ""  # the cluster TOML from the plan (no secret in it); built from stages if empty
+    faults: tuple[Fault, ...] = ()  # the last FAULTS, oldest first
+    recovery_attempt: int = 0  # attempts made for the current fault (0 when none is being recovered)
 
     @property
     def url(self) -> str:

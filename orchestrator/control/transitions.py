@@ -3,10 +3,67 @@
 from __future__ import annotations
 
 from . import events as ev
-from .state import SAMPLES, Node, Preparation, Session, State
+from .recovery import recovery_steps
+from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
 
 
 HISTORY = 5  # ended sessions kept for the monitor
+FAULTS = 20  # faults kept per session (each with its post-mortems)
+RECOVERY_STEPS = 40  # recovery steps kept in a timeline, after the launch's own
+
+
+def _with_steps(s: Session, steps: tuple) -> tuple:
+    """The timeline plus `steps`, keeping the launch's steps and the newest recovery steps."""
+    launch = tuple(st for st in s.timeline if not st.key.startswith("recovery-"))
+    recovery = tuple(st for st in s.timeline if st.key.startswith("recovery-")) + tuple(steps)
+    return launch + recovery[-RECOVERY_STEPS:]
+
+
+def _last_fault(s: Session, **changes: object) -> tuple[Fault, ...]:
+    if not s.faults:
+        return s.faults
+    return s.faults[:-1] + (s.faults[-1].model_copy(update=changes),)
+
+
+def _faulted(s: Session, e: ev.SessionFaulted, settings: Settings) -> Session:
+    """Running -> recovering (replace the named processes) or stopping (torn down as before)."""
+    recover = settings.auto_restart and bool(e.processes)
+    fault = Fault(at=e.at, reason=e.reason, processes=e.processes, outcome="recovering" if recover else "stopped",
+                  attempts=1 if recover else 0)
+    s = s.model_copy(update={"faults": (s.faults + (fault,))[-FAULTS:]})
+    if not recover:
+        why = "" if e.processes else " (no single process to replace)"
+        why = why if settings.auto_restart else " (automatic restarts are off)"
+        return s.model_copy(update={"health": "Unhealthy", "phase": "stopping", "reason": e.reason + why})
+    steps = recovery_steps(s, e.processes, len(s.faults), 1)
+    return s.model_copy(update={"health": "Unhealthy", "phase": "recovering", "recovery_attempt": 1,
+                                "timeline": _with_steps(s, steps),
+                                "reason": f"{e.reason}: restarting {', '.join(e.processes)} "
+                                          f"(attempt 1 of {settings.restart_attempts})"})
+
+
+def _recovery_failed(s: Session, e: ev.RecoveryFailed, settings: Settings) -> Session:
+    """Another attempt (its steps appended) or, past the limit, stopping."""
+    attempt = s.recovery_attempt + 1
+    processes = s.faults[-1].processes if s.faults else ()
+    if e.final or attempt > settings.restart_attempts or not processes:
+        return s.model_copy(update={
+            "phase": "stopping", "health": "Unhealthy", "recovery_attempt": 0,
+            "faults": _last_fault(s, outcome="stopped"),
+            "reason": f"recovery failed after {s.recovery_attempt} attempt(s): {e.reason}"})
+    steps = recovery_steps(s, processes, len(s.faults), attempt)
+    return s.model_copy(update={"recovery_attempt": attempt, "timeline": _with_steps(s, steps),
+                                "faults": _last_fault(s, attempts=attempt),
+                                "reason": f"recovery attempt {attempt - 1} failed ({e.reason}): restarting "
+                                          f"{', '.join(processes)} (attempt {attempt} of {settings.restart_attempts})"})
+
+
+def _recovered(s: Session, e: ev.SessionRecovered) -> Session:
+    processes = ", ".join(s.faults[-1].processes) if s.faults else "the faulted process"
+    return s.model_copy(update={"phase": "running", "health": "Healthy", "recovery_attempt": 0,
+                                "faults": _last_fault(s, outcome="recovered", recovery_s=round(e.seconds, 2)),
+                                "reason": f"recovered: {processes} replaced in {e.seconds:.1f} s"
+                                          + (f" ({e.detail})" if e.detail else "")})
 
 
 def _replace_node(state: State, node_id: str, **changes: object) -> State:
@@ -95,9 +152,24 @@ def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per ev
     if isinstance(e, ev.SessionFaulted):
         s = state.session(e.session_id)
         if s is None or s.phase != "running":
-            return state  # already being stopped: the first fault is the reason shown
-        return _replace_session(state, e.session_id, lambda s: s.model_copy(
-            update={"health": "Unhealthy", "phase": "stopping", "reason": e.reason}))
+            return state  # already being recovered or stopped: the first fault is the reason shown
+        return _replace_session(state, e.session_id, lambda s: _faulted(s, e, state.settings))
+    if isinstance(e, ev.PostMortemRecorded):
+        s = state.session(e.session_id)
+        if s is None or not s.faults:
+            return state
+        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"faults": _last_fault(
+            s, post_mortems=s.faults[-1].post_mortems + e.post_mortems)}))
+    if isinstance(e, ev.RecoveryFailed):
+        s = state.session(e.session_id)
+        if s is None or s.phase != "recovering":
+            return state
+        return _replace_session(state, e.session_id, lambda s: _recovery_failed(s, e, state.settings))
+    if isinstance(e, ev.SessionRecovered):
+        s = state.session(e.session_id)
+        if s is None or s.phase != "recovering":
+            return state
+        return _replace_session(state, e.session_id, lambda s: _recovered(s, e))
     if isinstance(e, ev.HealthChanged):
         return _replace_session(state, e.session_id, lambda s: s.model_copy(
             update={"health": e.health, "phase": e.phase, "reason": e.reason}))

@@ -8,6 +8,7 @@ when something changed. Judging what it means (Unhealthy, teardown) is the orche
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,39 +20,71 @@ from ..agent.client import AgentClient, AgentError
 from ..agent.schemas import ProcessInfo
 from . import events as ev
 from .sampling import TOKENS_METRIC, Reading, metric_value, recent_rate, remember, same_reading, sample
-from .state import Session, StageStatus, State
+from .state import Session, StageProgress, StageStatus, State
 
 Post = Callable[[ev.Event], None]
 
 
+def progress_of(doc: dict) -> StageProgress | None:
+    """A stage's progress report from its entry in the coordinator's /health (None if absent or odd)."""
+    p = doc.get("progress")
+    if not isinstance(p, dict):
+        return None
+    try:
+        chunk = p.get("chunk")
+        return StageProgress(steps=int(p.get("steps") or 0), busy_s=float(p.get("busy_s") or 0.0),
+                             request=p.get("request"), chunk=tuple(chunk) if chunk else None,
+                             queued=int(p.get("queued") or 0), pid=p.get("pid"))
+    except (TypeError, ValueError):
+        return None
+
+
 def judge(session: Session, processes: dict[str, ProcessInfo | None], coordinator: dict | None,
-          coordinator_error: str) -> tuple[tuple[StageStatus, ...], str]:
-    """Per-stage status and, if the pipeline is broken, why (empty string when fine). Pure."""
+          coordinator_error: str) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...]]:
+    """Per-stage status, why the pipeline is broken ("" when fine) and which processes to replace
+    for it ("stage-1", "coordinator"; empty when no single culprit is known). Pure."""
     stages_health = {s.get("id"): s for s in (coordinator or {}).get("stages", [])}
-    statuses, problems = [], []
+    statuses, problems, culprits = [], [], []
     for st in session.stages:
         name = f"stage-{st.index}"
         info = processes.get(name)
         h = stages_health.get(name, {})
+        fault = str(h.get("fault") or "")
         if info is None:
             statuses.append(StageStatus(alive=None, detail="agent unreachable"))
             problems.append(f"{name} on {st.node_name}: agent unreachable")
+            culprits.append(name)
             continue
         statuses.append(StageStatus(alive=info.alive, port_listening=info.port_listening,
                                     connected=(h.get("state") == "up") if h else None, step_ms=h.get("step_ms"),
-                                    detail="" if info.alive else f"exited ({info.exit_code or info.signal})"))
+                                    detail="" if info.alive else f"exited ({info.exit_code or info.signal})",
+                                    progress=progress_of(h), fault=f"wedged: {fault}" if fault else ""))
         if not info.alive:
             problems.append(f"{name} on {st.node_name} exited ({info.exit_code or info.signal or 'unknown'})")
         elif not info.port_listening:
             problems.append(f"{name} on {st.node_name}: transport port {st.port} not listening")
+        elif fault:
+            problems.append(f"{name} on {st.node_name} wedged: {fault}")
+        elif h.get("state") == "down" and coordinator is not None and coordinator.get("status") != "ready":
+            problems.append(f"{name} on {st.node_name}: the coordinator lost it")  # e.g. frozen (SIGSTOP)
+        else:
+            continue
+        culprits.append(name)
     coord = processes.get("coordinator")
     if coord is not None and not coord.alive:
         problems.append(f"coordinator exited ({coord.exit_code or coord.signal or 'unknown'})")
+        culprits.append("coordinator")
     elif coordinator is None:
         problems.append(f"coordinator unreachable: {coordinator_error}")
+        culprits.append("coordinator")  # dead, frozen, or gone with its agent: replaced all the same
     elif coordinator.get("status") != "ready":
-        problems.append(f"coordinator {coordinator.get('status')}: {coordinator.get('reason')}")
-    return tuple(statuses), "; ".join(problems)
+        reason = str(coordinator.get("reason"))
+        problems.append(f"coordinator {coordinator.get('status')}: {reason}")
+        # A probe or canary that a stage failed names that stage ("stage-1: ...").
+        named = [f"stage-{i}" for i in sorted({int(m) for m in re.findall(r"\bstage-(\d+)\b", reason)})
+                 if int(i) < len(session.stages)]
+        culprits += [n for n in named if n not in culprits]
+    return tuple(statuses), "; ".join(problems), tuple(dict.fromkeys(culprits))
 
 
 class Watcher:
@@ -100,7 +133,8 @@ class Watcher:
             for s in state.sessions:
                 for node_id in s.node_ids:
                     self._pool.submit(self._renew, node_id, s.id)
-        running = [s for s in state.sessions if s.phase == "running"]
+        # Recovering sessions are watched too (their stage cards stay live) but never faulted twice.
+        running = [s for s in state.sessions if s.phase in ("running", "recovering")]
         node_ids = {nid for s in running for nid in s.node_ids}
         listed = dict(zip(node_ids, self._pool.map(self._processes, node_ids)))
         self._tokens = {k: v for k, v in self._tokens.items() if any(s.id == k for s in running)}
@@ -126,7 +160,7 @@ class Watcher:
         except AgentError:
             return None
 
-    def inspect(self, s: Session, health_timeout: float = 3.0) -> tuple[tuple[StageStatus, ...], str]:
+    def inspect(self, s: Session, health_timeout: float = 3.0) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...]]:
         """One look at a session now, outside the loop (the orchestrator's restart recovery)."""
         node_ids = set(s.node_ids)
         listed = {nid: self._processes(nid) for nid in node_ids}
@@ -135,15 +169,15 @@ class Watcher:
 
     def _observe(self, s: Session, listed: dict[str, list[ProcessInfo] | None]) -> None:
         processes, coordinator, error = _look(s, listed, 1.0)
-        statuses, problem = judge(s, processes, coordinator, error)
+        statuses, problem, culprits = judge(s, processes, coordinator, error)
         readings = remember(self._tokens.get(s.id, ()), self._read_tokens(s) if coordinator is not None else None)
         self._tokens[s.id] = readings
         look = sample(time.time(), recent_rate(readings), statuses)
         fresh = not same_reading(s.samples[-1] if s.samples else None, look)
         if fresh or statuses != s.stage_status:
             self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=look if fresh else None))
-        if problem:
-            self._post(ev.SessionFaulted(session_id=s.id, reason=problem))
+        if problem and s.phase == "running":
+            self._post(ev.SessionFaulted(session_id=s.id, reason=problem, processes=culprits, at=time.time()))
 
     def _read_tokens(self, s: Session) -> Reading | None:
         """The coordinator's generated-token counter and when it was read (None if unreadable)."""

@@ -1,0 +1,118 @@
+"""Replacing one faulted process while the others keep their processes (same PIDs) and weights.
+
+Real agents, stage processes, coordinator and router. Timing is printed, never asserted
+beyond generous bounds (a loaded 2-core machine).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from orchestrator.control.state import Settings
+
+from .conftest import MODEL_ID, Env
+from .test_lifecycle import ask, healthy, wait_router_lists
+
+
+def pids(env: Env, session_id: str) -> dict[str, int]:
+    """Process id of each live engine process of the session, by its name."""
+    return {p.node_id: p.pid for a in env.agents for p in a.client.processes() if p.cluster_id == session_id and p.alive}
+
+
+def recovered(env: Env, session_id: str, timeout: float = 120.0):
+    """Wait for the fault to be seen, then for Healthy again; returns the session."""
+    env.orch.wait(lambda st: (s := st.session(session_id)) is not None and len(s.faults) >= 1, timeout)
+    st = env.orch.wait(lambda st: (s := st.session(session_id)) is not None and s.phase != "recovering"
+                       and s.faults[-1].outcome != "recovering", timeout)
+    s = st.session(session_id)
+    assert s.phase == "running" and s.health == "Healthy", (s.reason, [(x.key, x.state, x.detail) for x in s.timeline])
+    return s
+
+
+@pytest.mark.parametrize("victim", ["stage-1", "stage-0", "coordinator"])
+def test_a_killed_process_is_replaced_and_the_others_keep_their_pids(env: Env, victim: str):
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    wait_router_lists(env, True)
+    answer = ask(env)
+    before = pids(env, s.id)
+    killed = time.monotonic()
+    os.kill(before[victim], signal.SIGKILL)
+    s = recovered(env, s.id)
+    took = time.monotonic() - killed
+    after = pids(env, s.id)
+    assert after[victim] != before[victim]
+    assert {k: v for k, v in after.items() if k != victim} == {k: v for k, v in before.items() if k != victim}
+    fault = s.faults[-1]
+    assert fault.outcome == "recovered" and fault.processes == (victim,) and fault.recovery_s is not None
+    [mortem] = fault.post_mortems
+    assert mortem.process == victim and "SIGKILL" in mortem.ended, mortem
+    assert mortem.log_tail, "the post-mortem keeps the process's last output"
+    steps = [x for x in s.timeline if x.key.startswith("recovery-1.1.")]
+    assert steps and all(x.state == "done" for x in steps), [(x.key, x.state, x.detail) for x in steps]
+    assert env.backends() == ["tiny-cluster"]
+    wait_router_lists(env, True, timeout=30)
+    assert ask(env) == answer  # the survivors' weights and the new process agree: same greedy answer
+    print(f"{victim}: kill -9 -> Healthy again in {took:.2f} s (fault seen -> Healthy: {fault.recovery_s} s)")
+
+
+@pytest.fixture
+def stage_1_wedges(monkeypatch):
+    """stage-1 serves the probe and a little more, then its compute thread blocks forever."""
+    monkeypatch.setenv("PIPESERVE_FAULTS", "stage-1:step-hang@25")
+    monkeypatch.setenv("PIPESERVE_STALL_TIMEOUT_S", "2")
+    monkeypatch.setenv("PIPESERVE_CANARY_INTERVAL_S", "600")
+
+
+def test_a_wedged_stage_is_replaced_with_its_post_mortem(stage_1_wedges, env: Env):
+    import openai
+
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    wait_router_lists(env, True)
+    before = pids(env, s.id)
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as failure:
+        client.completions.create(model=MODEL_ID, prompt="hello", max_tokens=200, temperature=0)
+    print(f"in-flight request failed after {time.monotonic() - started:.2f} s: {failure.value.message}")
+    assert "wedged" in str(failure.value.message)
+    s = recovered(env, s.id)
+    fault = s.faults[0]
+    assert fault.processes == ("stage-1",) and "wedged" in fault.reason, fault
+    [mortem] = fault.post_mortems
+    assert mortem.ended.startswith("still running") and "wedged" in mortem.ended, mortem
+    assert mortem.progress is not None and mortem.progress.busy_s > 2, mortem
+    after = pids(env, s.id)
+    assert after["stage-0"] == before["stage-0"] and after["coordinator"] == before["coordinator"]
+    assert after["stage-1"] != before["stage-1"]
+    env.orch.stop_session(s.id)
+    env.orch.wait(lambda st: not st.sessions, 60)
+    assert env.engine_processes() == [] and env.backends() == []
+
+
+def test_a_stage_that_cannot_come_back_is_torn_down_after_its_attempts(env: Env):
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    for f in (env.agents[1].models_dir / MODEL_ID).glob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")  # a restarted stage-1 crashes while loading
+    os.kill(pids(env, s.id)["stage-1"], signal.SIGKILL)
+    st = env.orch.wait(lambda st: not st.sessions, 120)
+    ended = st.history[-1]
+    assert ended.health == "Unhealthy" and "recovery failed after 3 attempt(s)" in ended.reason, ended.reason
+    assert ended.faults[-1].outcome == "stopped" and ended.faults[-1].attempts == 3
+    failed = [x for x in ended.timeline if x.key.startswith("recovery-") and x.state == "failed"]
+    assert len(failed) == 3 and all(".stage-1.listen" in x.key for x in failed), failed
+    assert env.engine_processes() == [] and env.backends() == []
+
+
+def test_with_automatic_restarts_off_a_fault_tears_the_session_down(env: Env):
+    env.orch.update_settings(env.orch.state.settings.model_copy(update={"auto_restart": False}))
+    assert isinstance(env.orch.state.settings, Settings)
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    os.kill(pids(env, s.id)["stage-1"], signal.SIGKILL)
+    st = env.orch.wait(lambda st: not st.sessions, 60)
+    ended = st.history[-1]
+    assert "automatic restarts are off" in ended.reason and ended.faults[-1].outcome == "stopped"
+    assert env.engine_processes() == [] and env.backends() == []
