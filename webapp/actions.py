@@ -48,7 +48,9 @@ def save_settings():
         return _component("settings-form", str(exc), 400, at="save")
     return _with_notice(_component("settings-form"),
                         f"Saved: distributed serving {'on' if settings.distributed_enabled else 'off'}, "
-                        f"{settings.transport_backend}, ports {settings.port_start}–{settings.port_end}.")
+                        f"{settings.transport_backend}, ports {settings.port_start}–{settings.port_end}. "
+                        + (f"Failed stages restart automatically (up to {settings.restart_attempts} attempts)."
+                           if settings.auto_restart else "Automatic restarts are off."))
 
 
 @bp.post("/settings/viewer-links")

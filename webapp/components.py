@@ -18,6 +18,7 @@ from .views import cluster, nodes, plan, sessions, settings
 from .views.context import ViewContext
 
 ALL = "*"
+RECOVERY_KINDS = ("post_mortem_recorded", "recovery_failed", "session_recovered")
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,10 @@ COMPONENTS: tuple[Component, ...] = (
               frozenset({"preparation_started", "preparation_progressed", "preparation_finished"})),
     Component("cluster-monitor", "components/cluster_monitor.html", cluster.monitor_view,
               frozenset({"session_created", "launch_stepped", "session_registered", "session_observed",
-                         "session_faulted", "health_changed", "session_removed"})),
+                         "session_faulted", "health_changed", "session_removed", *RECOVERY_KINDS})),
     Component("sessions", "components/sessions.html", sessions.sessions_view,
               frozenset({"session_created", "session_registered", "session_observed", "session_faulted",
-                         "health_changed", "session_removed", "launch_stepped"})),
+                         "health_changed", "session_removed", "launch_stepped", *RECOVERY_KINDS})),
 )
 BY_NAME = {c.name: c for c in COMPONENTS}
 

@@ -10,20 +10,18 @@ from __future__ import annotations
 
 import queue
 import secrets
-import socket
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
-from urllib.parse import urlsplit
 
 from .. import logs
 from ..agent.client import AgentClient, AgentError
 from ..registrar import Registrar
 from . import events as ev
 from . import store
+from .commands import CommandRefused, agent_url, new_session_id
 from .launcher import Launcher, Timeouts, timeline
 from .state import Node, Session, Settings, State
 from .transitions import apply
@@ -34,23 +32,6 @@ if TYPE_CHECKING:
 PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
              "session_registered", "session_faulted", "health_changed", "session_removed", "post_mortem_recorded",
              "recovery_failed", "session_recovered"}
-
-
-class CommandRefused(ValueError):
-    """A command that would break a rule; nothing changed. The message says why."""
-
-
-def agent_url(address: str) -> str:
-    """Normalise "host:port" or "http://host:port" to http://IP:port (engine addresses are IP literals)."""
-    text = address.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    if parts.scheme != "http" or not parts.hostname or not parts.port or parts.path not in ("", "/"):
-        raise CommandRefused(f"address {address!r}: expected host:port of a node agent, e.g. 192.168.1.20:39500")
-    try:
-        ip = socket.gethostbyname(parts.hostname)
-    except OSError:
-        raise CommandRefused(f"address {address!r}: cannot resolve {parts.hostname!r}") from None
-    return f"http://{ip}:{parts.port}"
 
 
 class Orchestrator:
@@ -415,6 +396,4 @@ class Orchestrator:
         self._teardown(s, "Unhealthy", reason)
 
 
-def new_session_id() -> str:
-    """A short unique id for a session (also its cluster id on the agents)."""
-    return uuid.uuid4().hex[:12]
+__all__ = ["CommandRefused", "Orchestrator", "agent_url", "new_session_id"]

@@ -95,17 +95,17 @@ def monitor_view(state: State, ctx: ViewContext) -> dict[str, Any]:
                         "reason": s.reason, "url": s.url, "fallback": s.transport_fallback,
                         "timeline": [{"label": t.label, "state": t.state, "detail": t.detail} for t in s.timeline],
                         "launch": launch_summary(s),
-                        "stages": stage_rows(s), "live": s.phase in ("launching", "running"),
+                        "stages": stage_rows(s), "live": s.phase in ("launching", "running", "recovering"),
                         "throughput": throughput_chart(s),
                         # charts and stage cards once something ran; a launch that failed shows its timeline
                         "observed": bool(s.samples) or any(st.alive is not None for st in s.stage_status)
-                        or s.phase in ("running", "stopping")}}
+                        or s.phase in ("running", "recovering", "stopping")}}
 
 
 def launch_summary(s: Session) -> dict[str, Any]:
     """How far the launch got: steps done of all, the running step, and after a failure the
     failed step and what was rolled back (pure)."""
-    steps = s.timeline
+    steps = tuple(t for t in s.timeline if not t.key.startswith("recovery-"))  # the launch's own
     failed = next((t for t in steps if t.state == "failed"), None)
     running = next((t for t in steps if t.state == "running"), None)
     return {"done": sum(t.state == "done" for t in steps), "total": len(steps),

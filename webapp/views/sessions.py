@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from orchestrator.control.state import Session, State
+from orchestrator.control.state import Fault, Session, StageProgress, State
 
 from .charts import step_chart, throughput_chart
 from .context import ViewContext
@@ -22,17 +23,47 @@ def stage_rows(s: Session) -> list[dict[str, Any]]:
             "alive": None if status is None else status.alive,
             "listening": None if status is None else status.port_listening,
             "step_ms": None if status is None or status.step_ms is None or ended else round(status.step_ms, 2),
-            "detail": "" if status is None else status.detail,
+            "detail": "" if status is None else (status.fault or status.detail),
+            "progress": None if status is None or ended else progress_text(status.progress),
             "chart": step_chart(s, st.index), "ended": ended,
         })
     return rows
+
+
+def progress_text(p: StageProgress | None) -> str | None:
+    """A stage's progress in words: steps done, and what it computes now (pure)."""
+    if p is None:
+        return None
+    text = f"{p.steps:,} steps"
+    if p.busy_s > 0 and p.chunk:
+        what = "decoding" if p.chunk[1] == 1 else f"prefill of {p.chunk[1]} tokens at {p.chunk[0]}"
+        text += f" · {what} for {p.busy_s:.1f} s"
+    else:
+        text += " · idle"
+    return text + (f" · {p.queued} queued" if p.queued else "")
+
+
+def fault_rows(s: Session) -> list[dict[str, Any]]:
+    """The session's faults, newest first, with what was left of each replaced process (pure)."""
+    return [_fault_row(f) for f in reversed(s.faults)]
+
+
+def _fault_row(f: Fault) -> dict[str, Any]:
+    outcome = {"recovered": f"recovered in {f.recovery_s:.1f} s" if f.recovery_s is not None else "recovered",
+               "stopped": "cluster stopped", "recovering": "recovering"}[f.outcome]
+    return {"at": time.strftime("%H:%M:%S", time.localtime(f.at)) if f.at else "", "reason": f.reason,
+            "outcome": outcome, "state": f.outcome, "attempts": f.attempts,
+            "processes": ", ".join(f.processes) or "–",
+            "post_mortems": [{"process": m.process, "node": m.node_name, "ended": m.ended,
+                              "progress": progress_text(m.progress), "log": "\n".join(m.log_tail)}
+                             for m in f.post_mortems]}
 
 
 def session_row(s: Session) -> dict[str, Any]:
     """One Sessions row."""
     return {"id": s.id, "name": s.name, "model": s.model_name, "cluster": s.cluster, "health": s.health,
             "phase": s.phase, "reason": s.reason, "url": s.url, "stages": stage_rows(s),
-            "throughput": throughput_chart(s), "config": s.config_toml,
+            "throughput": throughput_chart(s), "config": s.config_toml, "faults": fault_rows(s),
             "nodes": ", ".join(dict.fromkeys(st.node_name for st in s.stages))}
 
 
