@@ -8,11 +8,14 @@ AgentError with status 0, so callers handle one exception type.
 from __future__ import annotations
 
 import time
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import requests
 from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from .hub import HubListing
 
 from .schemas import (CheckResult, DownloadInfo, DownloadList, Identity, LeaseResponse, LogsResponse, Manifest,
                       ModelInfo, ModelList, PairResponse, ProcessInfo, ProcessList, Report, StartProcessRequest,
@@ -138,6 +141,17 @@ class AgentClient:
         manifest = manifest or peer.model(model_id).manifest
         ticket = peer.ticket(model_id, ttl_s).ticket
         return self.fetch(model_id, {"kind": "peer", "url": peer.base_url, "ticket": ticket}, manifest)
+
+    def hub_files(self, repo_id: str, revision: str = "main") -> "HubListing":
+        """The hub repo's files, sizes and verdicts (MLX, supported, fits this node), before any download."""
+        from .hub import HubListing
+
+        return self._call("GET", f"/v1/hub/models/{repo_id}", params={"revision": revision}, model=HubListing,
+                          timeout=120)
+
+    def delete_model(self, model_id: str) -> None:
+        """Delete a model from the node (409 model_in_use while a process uses it)."""
+        self._call("DELETE", f"/v1/models/{_q(model_id)}")
 
     def progress(self, model_id: str) -> DownloadInfo:
         """The latest download of a model."""

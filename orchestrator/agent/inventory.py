@@ -169,6 +169,12 @@ class Inventory:
                    for rel, st in files.items() if rel in manifest.files and st.st_size == manifest.files[rel].size}
         self._store(model_id, entries)
 
+    def forget(self, model_id: str) -> None:
+        """Drop a deleted model's cached manifest."""
+        with self._lock:
+            if self._cache.pop(model_id, None) is not None:
+                write_private(self._cache_path, json.dumps(self._cache))
+
     def _store(self, model_id: str, entries: dict[str, list]) -> None:
         with self._lock:
             self._cache[model_id] = entries

@@ -18,7 +18,7 @@ from ..httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed
 from .inventory import ModelNotFound
 from .names import InvalidName, check_id, check_model_id
 from .processes import ProcessError
-from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, LeaseRequest, LeaseResponse,
+from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, HubSource, LeaseRequest, LeaseResponse,
                       LogsResponse, ModelList, PairRequest, PairResponse, ProcessList, StartProcessRequest,
                       StopRequest, TicketRequest, TicketResponse)
 from .jobs import Conflict, DiskSpaceError, DownloadError
@@ -133,6 +133,22 @@ def build_routes(agent: "Agent") -> list[Route]:
         model_id = check_model_id(request.params["model_id"])
         return agent.downloads.cancel(model_id, request.json(CancelRequest).discard)
 
+    def delete_model(request: Request) -> Any:
+        model_id = check_model_id(request.params["model_id"])
+        agent.downloads.remove(model_id)
+        return {"deleted": model_id}
+
+    def hub_listing(request: Request) -> Any:
+        from .hub import list_repo  # imports huggingface_hub: only when a hub is asked
+
+        try:
+            src = HubSource(kind="hf", repo_id=f"{request.params['org']}/{request.params['name']}",
+                            revision=request.query.get("revision") or "main")
+        except ValueError:  # pydantic's ValidationError
+            raise OpenAIError(400, "repo id must be org/name and the revision a branch, tag or commit",
+                              code="invalid_field") from None
+        return list_repo(src.repo_id, src.revision, agent.inventory.root)
+
     def processes(_: Request) -> Any:
         return ProcessList(processes=agent.processes.list())
 
@@ -166,10 +182,12 @@ def build_routes(agent: "Agent") -> list[Route]:
         ("GET", r"/v1/report", report, "credential"),
         ("GET", r"/v1/models", models, "credential"),
         ("GET", MODEL, model, "credential"),
+        ("DELETE", MODEL, delete_model, "credential"),
         ("POST", MODEL + r"/check", check, "credential"),
         ("POST", MODEL + r"/tickets", ticket, "credential"),
         ("POST", MODEL + r"/fetch", fetch, "credential"),
         ("GET", MODEL + r"/files/(?P<path>.+)", file, "file"),
+        ("GET", r"/v1/hub/models/" + ID.format("org") + "/" + ID.format("name"), hub_listing, "credential"),
         ("GET", r"/v1/downloads", downloads, "credential"),
         ("GET", r"/v1/downloads/" + ID.format("model_id"), download, "credential"),
         ("POST", r"/v1/downloads/" + ID.format("model_id") + r"/cancel", cancel, "credential"),

