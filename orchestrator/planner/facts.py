@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.agent.schemas import Report
 
+from .perf_inputs import LayerTiming, LinkCost
+
 # Packages whose versions must agree across a cluster: the wire format is pipeserve's, and
 # exactness (identical float bits on every stage) needs the same mlx and mlx-lm kernels.
 ENGINE_PACKAGES = ("pipeserve", "mlx", "mlx_lm")
@@ -27,6 +29,10 @@ class NodeFacts(BaseModel):
     # The IP the other nodes reach it at. Nodes that share a host (several agents on one
     # machine, as in the demo) share its ports, so the planner never hands one port out twice.
     host: str | None = None
+    # Performance inputs (planner/placement.py), when measured: this node's timing of the
+    # model's layers, and its measured links keyed by the peer's node id.
+    timing: LayerTiming | None = None
+    links: dict[str, LinkCost] = Field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -17,6 +17,7 @@ from .balance import Split, balanced_split, fullest_split
 from .checks import check_model, check_nodes, check_split
 from .facts import NodeFacts
 from .memory import StageCosts, format_bytes
+from .placement import best_order, plan_performance, timed_split, timings_for
 from .plan_warnings import plan_warnings
 from .ports import PortAllocation, allocate_ports
 from .result import CoordinatorPlan, Issue, Plan, RefusalCode, Refusal, StagePlan
@@ -34,6 +35,8 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
     cannot serve exactly is refused with the support registry's reason.
     """
     settings = settings or PlanSettings()
+    if settings.manual_split is None:
+        nodes = best_order(nodes)  # measured links decide the order after the first node
     name = model_name or (model.name if model is not None else "?")
     reasons = check_model(model, name, mlx_format, format_reason, len(nodes), unsupported_reason) + check_nodes(nodes)
     unique = len({n.id for n in nodes}) == len(nodes)
@@ -53,7 +56,12 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
         # Prefer headroom to perfect balance: the overheads are estimates and long prompts
         # need transient buffers. Only when no split leaves it everywhere may a node fill up
         # (then with a tight-fit warning); when nothing fits, show the closest attempt.
-        split = (balanced_split(costs, free, fill=settings.tight_fit_fraction) or balanced_split(costs, free)
+        # With every node's layers timed, even out predicted step time (a slow node takes
+        # fewer layers); else per-token bytes against free memory.
+        timings, _ = timings_for(nodes)
+        timed = (timed_split(costs, free, timings, fill=settings.tight_fit_fraction)
+                 or timed_split(costs, free, timings)) if timings else None
+        split = (timed or balanced_split(costs, free, fill=settings.tight_fit_fraction) or balanced_split(costs, free)
                  or fullest_split(costs, free))
     stages = build_stages(costs, nodes, split, ports) if split is not None else ()
     if stages:
@@ -72,6 +80,8 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
                       else (ports.stage_ports[k],)) for k, n in enumerate(nodes)},
         warnings=tuple(plan_warnings(name, nodes, stages, costs, settings)),
         settings=settings,
+        performance=plan_performance(costs, nodes, split, model.hidden_size * model.dtype_bytes,
+                                     settings.manual_split is not None),
     )
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .predict import Performance
 from .settings import PlanSettings
 
 
@@ -114,6 +115,8 @@ class Plan(BaseModel):
     ports: dict[str, tuple[int, ...]]  # node id -> every port allocated on it
     warnings: tuple[Issue, ...] = ()
     settings: PlanSettings
+    # Predicted speed (planner/predict.py) when the nodes have timed the model's layers.
+    performance: Performance | None = None
 
     @property
     def split(self) -> tuple[tuple[int, int], ...]:

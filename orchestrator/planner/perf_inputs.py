@@ -1,0 +1,75 @@
+"""What the performance model is fed: a node's timing of a model's layers, a measured link.
+
+Both come from the node agents (compute profiles and link probes) through their reports;
+the planner only reads them. Times are milliseconds, bandwidth bytes per second.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LayerTiming(BaseModel):
+    """One node's timing of one model (per layer, plus the final norm and head).
+
+    `*_solo` steps run with every core (the coordinator's SOLO flag: nothing else is in
+    flight), the others with the stage's base thread count, as a stage runs them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str = ""  # whose hardware it was measured on (a copy assumed for another node keeps it)
+    batch: int = Field(default=8, ge=2)  # B of the `*_bB` numbers
+    layer_ms_b1_solo: float = Field(ge=0)  # one decode step, 1 request, all cores
+    layer_ms_b1: float = Field(ge=0)  # one decode step, 1 request, base threads
+    layer_ms_bB: float = Field(ge=0)  # one decode step of B requests together, base threads
+    head_ms_b1_solo: float = Field(default=0.0, ge=0)  # final norm + head + sampling
+    head_ms_b1: float = Field(default=0.0, ge=0)
+    head_ms_bB: float = Field(default=0.0, ge=0)
+    prefill_ms_per_token: float = Field(ge=0)  # per layer, per prompt token, at context 0 (all cores)
+    # Attention makes later prompt tokens dearer: extra ms per layer per token per 1000
+    # tokens already in the cache.
+    prefill_ms_per_token_per_k: float = Field(default=0.0, ge=0)
+
+    def layer_ms(self, rows: int, solo: bool = False) -> float:
+        """One layer's decode step for `rows` requests together (linear between 1 and B)."""
+        if rows <= 1:
+            return self.layer_ms_b1_solo if solo else self.layer_ms_b1
+        return self.layer_ms_b1 + (self.layer_ms_bB - self.layer_ms_b1) * (rows - 1) / (self.batch - 1)
+
+    def head_ms(self, rows: int, solo: bool = False) -> float:
+        """The last stage's norm, head and sampling for `rows` requests."""
+        if rows <= 1:
+            return self.head_ms_b1_solo if solo else self.head_ms_b1
+        return self.head_ms_b1 + (self.head_ms_bB - self.head_ms_b1) * (rows - 1) / (self.batch - 1)
+
+    def prefill_ms(self, start: int, tokens: int) -> float:
+        """One layer's prefill of prompt tokens [start, start + tokens) (already cached: start)."""
+        mid = start + tokens / 2  # the attention term is linear in position: its mean is at the middle
+        return tokens * (self.prefill_ms_per_token + self.prefill_ms_per_token_per_k * mid / 1000)
+
+
+class LinkCost(BaseModel):
+    """A measured (or assumed) link between two nodes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rtt_ms: float = Field(ge=0)
+    bandwidth_Bps: float = Field(gt=0)  # bytes per second
+    interface: str = ""  # e.g. "eth0 (ethernet, 1000 Mbit/s)", when the agents report it
+    measured: bool = True  # False: no probe yet, assumed
+
+    def transfer_ms(self, nbytes: int) -> float:
+        """One-way time of a message: half the round trip plus serialization."""
+        return self.rtt_ms / 2 + nbytes * 1000 / self.bandwidth_Bps
+
+    @property
+    def label(self) -> str:
+        """'0.30 ms, 0.94 Gbit/s'."""
+        return f"{self.rtt_ms:.2f} ms, {self.bandwidth_Bps * 8 / 1e9:.2f} Gbit/s"
+
+
+# Same host, no link: what a boundary between co-located stages costs.
+LOCAL_LINK = LinkCost(rtt_ms=0.07, bandwidth_Bps=2e9, interface="loopback")
+# What an unmeasured pair is assumed to be (a gigabit LAN), marked measured=False.
+ASSUMED_LINK = LinkCost(rtt_ms=0.3, bandwidth_Bps=117e6, interface="not measured (assumed 1 GbE)", measured=False)

@@ -1,0 +1,221 @@
+"""Predicted performance of a pipeline (pure): decode speed, aggregate throughput, time to
+first token, the bottleneck, and a verdict against one node alone.
+
+The model follows what the coordinator's scheduler does (engine/pipeline.py):
+- one request: a token passes every stage in order (each using all its cores: SOLO), every
+  boundary once with one hidden state, and returns to the coordinator with the sampled id;
+- N requests: decode steps go in micro-batches of b = ceil(N / S) rows, at most one group per
+  stage in flight; a group's round takes the sum of its stages and links, and no resource
+  (stage, or link serialization) can serve groups faster than its own time per group;
+- a prompt is prefilled in `prefill_step` chunks that are all sent at once: a stage starts
+  chunk j as soon as it finished chunk j-1 and chunk j has crossed the link from the stage
+  before (a flow shop), so a slow link only delays the first chunk's arrival.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict
+
+from .perf_inputs import LOCAL_LINK, LayerTiming, LinkCost
+
+HEADER_BYTES = 36  # a frame's header (engine/wire.py)
+RESULT_BYTES = 64  # a sampled token's RESULT frame, generously
+COORDINATOR_MS = 0.3  # coordinator, scheduler and HTTP per step (README: ~0.1 ms measured, plus slack)
+DEFAULT_REQUESTS = (4, 8, 16)
+DEFAULT_PROMPTS = (1024, 8192)
+
+
+class StageSpec(BaseModel):
+    """One stage as the model needs it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str  # 'stage 1 (node-b, layers 15–29)'
+    node_name: str
+    layer_weight: float  # its layers in units of an average layer (bytes-weighted)
+    last: bool
+    timing: LayerTiming
+
+
+class Boundary(BaseModel):
+    """What one hop costs: stage k -> k+1, or the last stage back to the coordinator."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    target: str
+    link: str  # '0.30 ms, 0.94 Gbit/s'
+    interface: str
+    measured: bool
+    ms_per_token: float  # one request's hidden state (or result) crossing it
+
+
+class Point(BaseModel):
+    """One x, y of a prediction: requests -> tok/s, or prompt tokens -> seconds."""
+
+    model_config = ConfigDict(frozen=True)
+
+    x: int
+    y: float
+
+
+class Performance(BaseModel):
+    """A plan's predicted performance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    decode_tps_1: float  # tokens/s for one request
+    ms_per_token_1: float
+    compute_ms_1: float  # of which the stages compute
+    aggregate_tps: tuple[Point, ...]  # requests -> tokens/s over all of them
+    ttft_s: tuple[Point, ...]  # prompt tokens -> seconds to the first token
+    stage_ms_1: tuple[float, ...]  # each stage's decode step for one request
+    boundaries: tuple[Boundary, ...]
+    bottleneck: str
+    single_node: str | None = None  # the verdict against one node alone, when one could hold the model
+    timing_note: str = ""  # where the compute timings come from
+    automatic: str | None = None  # a manual split: what the automatic one would predict, to compare
+
+    def aggregate(self, requests: int) -> float | None:
+        """Predicted tokens/s at `requests` (None when not predicted)."""
+        return next((p.y for p in self.aggregate_tps if p.x == requests), None)
+
+    def ttft(self, prompt: int) -> float | None:
+        """Predicted seconds to the first token of a `prompt`-token prompt."""
+        return next((p.y for p in self.ttft_s if p.x == prompt), None)
+
+
+def stage_step_ms(stage: StageSpec, rows: int, solo: bool = False) -> float:
+    """One decode step of `rows` requests on a stage."""
+    t = stage.layer_weight * stage.timing.layer_ms(rows, solo)
+    return t + (stage.timing.head_ms(rows, solo) if stage.last else 0.0)
+
+
+def decode_ms_1(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int) -> tuple[float, float]:
+    """(ms per token, of which compute) for one request. links[k] joins stage k to k+1; the
+    last one joins the last stage to the coordinator (on stage 0's node)."""
+    compute = sum(stage_step_ms(s, 1, solo=True) for s in stages)
+    hops = sum(links[k].transfer_ms(hidden_bytes + HEADER_BYTES) for k in range(len(stages) - 1))
+    return compute + hops + links[-1].transfer_ms(RESULT_BYTES) + COORDINATOR_MS, compute
+
+
+def group_times(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,
+                rows: int) -> tuple[list[float], list[float], float]:
+    """Per group of `rows` requests: each stage's step, each link's busy (serialization)
+    time, and the whole round (stages, links' latency and serialization, coordinator)."""
+    steps = [stage_step_ms(s, rows) for s in stages]
+    sizes = [rows * (hidden_bytes + HEADER_BYTES)] * (len(stages) - 1) + [rows * RESULT_BYTES]
+    busy = [n * 1000 / link.bandwidth_Bps for n, link in zip(sizes, links)]
+    round_ms = sum(steps) + sum(link.transfer_ms(n) for n, link in zip(sizes, links)) + COORDINATOR_MS
+    return steps, busy, round_ms
+
+
+def aggregate_tps(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, requests: int,
+                  max_batch: int = 16) -> float:
+    """Tokens/s over `requests` concurrent decoding requests."""
+    if requests <= 1:
+        return 1000 / decode_ms_1(stages, links, hidden_bytes)[0]
+    depth = len(stages)
+    rows = min(max_batch, math.ceil(requests / depth))
+    groups = min(depth, math.ceil(requests / rows))
+    steps, busy, round_ms = group_times(stages, links, hidden_bytes, rows)
+    # A cycle of `groups` groups: no faster than one round, nor than the busiest resource
+    # serving every group once.
+    period = max(round_ms, groups * max(steps + busy))
+    return groups * rows * 1000 / period
+
+
+def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, prompt: int,
+           prefill_step: int = 2048) -> float:
+    """Seconds from submission to the first token of a `prompt`-token prompt (one request)."""
+    chunks = [(s, min(prefill_step, prompt - 1 - s)) for s in range(0, max(0, prompt - 1), prefill_step)]
+    done = [0.0] * len(stages)  # when each stage finished its previous item
+    for start, n in chunks:
+        arrive = 0.0
+        for k, stage in enumerate(stages):
+            t = stage.layer_weight * stage.timing.prefill_ms(start, n)
+            done[k] = max(done[k], arrive) + t
+            if k < len(stages) - 1:
+                arrive = done[k] + links[k].transfer_ms(n * hidden_bytes + HEADER_BYTES)
+    # The last prompt token samples: a decode step behind the chunks, at the prompt's length.
+    arrive = 0.0
+    for k, stage in enumerate(stages):
+        t = stage_step_ms(stage, 1, solo=True) + stage.layer_weight * stage.timing.prefill_ms(prompt - 1, 1) \
+            - stage.layer_weight * stage.timing.prefill_ms(0, 1)  # the attention over the cached prompt
+        done[k] = max(done[k], arrive) + max(t, 0.0)
+        link, size = (links[k], hidden_bytes + HEADER_BYTES) if k < len(stages) - 1 else (links[-1], RESULT_BYTES)
+        arrive = done[k] + link.transfer_ms(size)
+    return (arrive + COORDINATOR_MS) / 1000
+
+
+def bottleneck(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, requests: int,
+               max_batch: int = 16) -> str:
+    """What limits throughput at `requests` concurrent requests, in words."""
+    depth = len(stages)
+    rows = min(max_batch, math.ceil(requests / depth))
+    groups = min(depth, math.ceil(requests / rows))
+    steps, busy, round_ms = group_times(stages, links, hidden_bytes, rows)
+    resources = [(t, f"{s.label}: {t:.1f} ms per step of {rows}") for s, t in zip(stages, steps)]
+    names = [s.node_name for s in stages]
+    for k, t in enumerate(busy[:-1]):
+        resources.append((t, f"link {names[k]} → {names[k + 1]}: {t:.2f} ms per step of {rows}"))
+    worst_t, worst = max(resources, key=lambda r: r[0])
+    hops = round_ms - sum(steps)
+    if round_ms > groups * worst_t and hops > 0.25 * round_ms:
+        return f"link latency: {hops:.1f} ms of every {round_ms:.1f} ms round is spent between stages"
+    return worst
+
+
+def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, *,
+            prefill_step: int = 2048, max_batch: int = 16, requests: Sequence[int] = DEFAULT_REQUESTS,
+            prompts: Sequence[int] = DEFAULT_PROMPTS, timing_note: str = "") -> Performance:
+    """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1)."""
+    if len(links) != len(stages) or not stages:
+        raise ValueError(f"{len(stages)} stages need {len(stages)} links (the last one back to the coordinator)")
+    ms1, compute = decode_ms_1(stages, links, hidden_bytes)
+    names = [s.node_name for s in stages]
+    bounds = [Boundary(source=names[k], target=names[k + 1] if k < len(stages) - 1 else f"coordinator ({names[0]})",
+                       link=links[k].label, interface=links[k].interface, measured=links[k].measured,
+                       ms_per_token=links[k].transfer_ms(hidden_bytes + HEADER_BYTES if k < len(stages) - 1
+                                                         else RESULT_BYTES))
+              for k in range(len(stages))]
+    return Performance(
+        decode_tps_1=1000 / ms1, ms_per_token_1=ms1, compute_ms_1=compute,
+        aggregate_tps=tuple(Point(x=n, y=aggregate_tps(stages, links, hidden_bytes, n, max_batch)) for n in requests),
+        ttft_s=tuple(Point(x=p, y=ttft_s(stages, links, hidden_bytes, p, prefill_step)) for p in prompts),
+        stage_ms_1=tuple(stage_step_ms(s, 1, solo=True) for s in stages), boundaries=tuple(bounds),
+        bottleneck=bottleneck(stages, links, hidden_bytes, max(requests, default=1), max_batch),
+        timing_note=timing_note)
+
+
+def single_node_verdict(split: Performance, single: Performance, node_name: str) -> str:
+    """'a single node (node-a) would be ~1.6× faster for one request; the split serves 2.3× more
+    tokens/s at 16 requests'."""
+    r1 = single.decode_tps_1 / split.decode_tps_1
+    if r1 >= 1.05:
+        one = f"a single node ({node_name}) would be ~{r1:.1f}× faster for one request"
+    elif r1 <= 1 / 1.05:
+        one = f"the split is ~{1 / r1:.1f}× faster for one request than {node_name} alone"
+    else:
+        one = f"the split is about as fast as {node_name} alone for one request"
+    n = max((p.x for p in split.aggregate_tps), default=1)
+    mine, theirs = split.aggregate(n), single.aggregate(n)
+    if not mine or not theirs:
+        return one
+    rn = mine / theirs
+    if rn >= 1.05:
+        many = f"the split serves {rn:.1f}× more tokens/s at {n} requests"
+    elif rn <= 1 / 1.05:
+        many = f"{node_name} alone would serve {1 / rn:.1f}× more tokens/s at {n} requests"
+    else:
+        many = f"both serve about the same tokens/s at {n} requests"
+    return f"{one}; {many}"
+
+
+def single_node_stages(timing: LayerTiming, num_layers: float, node_name: str) -> tuple[list[StageSpec], list[LinkCost]]:
+    """The whole model on one node: one stage, the coordinator beside it."""
+    return ([StageSpec(label=f"{node_name} alone", node_name=node_name, layer_weight=num_layers, last=True,
+                       timing=timing)], [LOCAL_LINK])

@@ -1,0 +1,147 @@
+"""The performance model (planner/predict.py, placement.py): hand-checked tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.planner import PlanSettings, plan_cluster
+from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
+from orchestrator.planner.predict import (COORDINATOR_MS, HEADER_BYTES, RESULT_BYTES, StageSpec, aggregate_tps,
+                                          bottleneck, decode_ms_1, predict, single_node_verdict, ttft_s)
+
+from .support import GB, llama, node, uniform
+
+# 1 ms per layer alone, 1 ms at batch 1 with base threads, 2 ms for 8 rows; no head; 0.1 ms
+# per prompt token per layer.
+T = LayerTiming(layer_ms_b1_solo=1.0, layer_ms_b1=1.0, layer_ms_bB=2.0, batch=8, prefill_ms_per_token=0.1)
+SLOW = T.model_copy(update={"layer_ms_b1_solo": 2.0, "layer_ms_b1": 2.0, "layer_ms_bB": 4.0,
+                            "prefill_ms_per_token": 0.2})
+FREE = LinkCost(rtt_ms=0.0, bandwidth_Bps=1e15)  # a link that costs nothing
+GBE = LinkCost(rtt_ms=0.3, bandwidth_Bps=125e6)
+WIFI = LinkCost(rtt_ms=6.0, bandwidth_Bps=37.5e6)
+HIDDEN = 2304  # SmolLM2: 576 float32
+
+
+def stage(layers: float, last: bool = False, timing: LayerTiming = T, name: str = "n") -> StageSpec:
+    return StageSpec(label=f"stage on {name}", node_name=name, layer_weight=layers, last=last, timing=timing)
+
+
+@pytest.mark.parametrize("links, expected_ms", [
+    ((FREE, FREE), 10 + 20 + COORDINATOR_MS),
+    ((GBE, GBE), 30 + 0.15 + (HIDDEN + HEADER_BYTES) / 125e3 + 0.15 + RESULT_BYTES / 125e3 + COORDINATOR_MS),
+    ((WIFI, WIFI), 30 + 6.0 + (HIDDEN + HEADER_BYTES) / 37.5e3 + RESULT_BYTES / 37.5e3 + COORDINATOR_MS),
+])
+def test_one_request_is_every_stage_plus_every_hop(links, expected_ms):
+    ms, compute = decode_ms_1([stage(10), stage(20, last=True)], links, HIDDEN)
+    assert compute == pytest.approx(30)
+    assert ms == pytest.approx(expected_ms)
+
+
+@pytest.mark.parametrize("requests, expected_tps", [
+    # 2 requests: 2 groups of 1, a round is 10 + 10 + 0.3 ms, two groups per round
+    (2, 2 * 1000 / 20.3),
+    # 16 requests: groups of 8 rows, each stage 20 ms per group: 2 groups per 40.3 ms round
+    (16, 16 * 1000 / 40.3),
+])
+def test_aggregate_keeps_one_group_per_stage_in_flight(requests, expected_tps):
+    stages = [stage(10), stage(10, last=True)]
+    assert aggregate_tps(stages, [FREE, FREE], HIDDEN, requests) == pytest.approx(expected_tps)
+
+
+def test_aggregate_is_limited_by_the_slowest_stage():
+    stages = [stage(10), stage(10, last=True, timing=SLOW)]  # 20 vs 40 ms per group of 8
+    # the round is 60.3 ms, but the slow stage must serve both groups: 80 ms per cycle
+    assert aggregate_tps(stages, [FREE, FREE], HIDDEN, 16) == pytest.approx(16 * 1000 / 80)
+    assert bottleneck(stages, [FREE, FREE], HIDDEN, 16).startswith("stage on n: 40.0 ms")
+
+
+def test_a_thin_link_is_the_bottleneck():
+    thin = LinkCost(rtt_ms=0.1, bandwidth_Bps=1e6)  # 8 rows x 2340 B = 18.7 ms per group
+    stages = [stage(1), stage(1, last=True)]
+    assert "link n → n" in bottleneck(stages, [thin, FREE], HIDDEN, 16)
+    assert "link latency" in bottleneck([stage(1), stage(1, last=True)], [WIFI, WIFI], HIDDEN, 16)
+
+
+@pytest.mark.parametrize("links, expected_s", [
+    # 4097 tokens: chunks [0, 2048) and [2048, 4096), 204.8 ms per chunk per stage (1 layer
+    # each). Stage 1 runs chunk 1 while stage 0 runs chunk 2: 3 chunk times, then the sampled
+    # token's decode step on the last stage (stage 0's ran during stage 1's chunk 2).
+    ((FREE, FREE), (3 * 204.8 + 1 + COORDINATOR_MS) / 1000),
+    # Over wifi, only the first chunk's crossing (3 ms + 4.7 MB at 37.5 MB/s) delays the
+    # pipeline, then the last token's hops.
+    ((WIFI, WIFI), (3 * 204.8 + 3 + (2048 * HIDDEN + HEADER_BYTES) / 37.5e3 + 1
+                    + 3 + RESULT_BYTES / 37.5e3 + COORDINATOR_MS) / 1000),
+])
+def test_prefill_chunks_overlap_across_stages(links, expected_s):
+    stages = [stage(1), stage(1, last=True)]
+    assert ttft_s(stages, links, HIDDEN, 4097) == pytest.approx(expected_s, rel=1e-6)
+
+
+def test_prefill_grows_with_context():
+    t = T.model_copy(update={"prefill_ms_per_token_per_k": 0.1})
+    assert t.prefill_ms(0, 1000) == pytest.approx(1000 * (0.1 + 0.05))
+    assert t.prefill_ms(1000, 1000) == pytest.approx(1000 * (0.1 + 0.15))
+
+
+@pytest.mark.parametrize("single_tps, split_tps, single_agg, split_agg, text", [
+    (16.0, 10.0, 16.0, 36.8, "a single node (a) would be ~1.6× faster for one request; "
+                             "the split serves 2.3× more tokens/s at 16 requests"),
+    (10.0, 10.2, 30.0, 30.5, "the split is about as fast as a alone for one request; "
+                             "both serve about the same tokens/s at 16 requests"),
+    (8.0, 10.0, 40.0, 20.0, "the split is ~1.2× faster for one request than a alone; "
+                            "a alone would serve 2.0× more tokens/s at 16 requests"),
+])
+def test_single_node_verdict(single_tps, split_tps, single_agg, split_agg, text):
+    def perf(tps, agg):
+        p = predict([stage(1, last=True)], [FREE], HIDDEN, requests=[16])
+        return p.model_copy(update={"decode_tps_1": tps, "aggregate_tps": (p.aggregate_tps[0].model_copy(
+            update={"y": agg}),)})
+    assert single_node_verdict(perf(split_tps, split_agg), perf(single_tps, single_agg), "a") == text
+
+
+def timed(i: int, timing: LayerTiming, free: int = 8 * GB, **links: LinkCost):
+    return node(i, free).model_copy(update={"timing": timing, "links": links})
+
+
+def test_the_plan_gives_a_slow_node_fewer_layers_and_predicts():
+    model = llama()
+    fast, slow = timed(0, T), timed(1, SLOW)
+    plan = plan_cluster(model, [fast, slow])
+    assert plan.kind == "plan"
+    (a0, a1), (b0, b1) = plan.split
+    assert a1 - a0 + 1 == 20 and b1 - b0 + 1 == 10  # 2:1 by time, not 15:15 by bytes
+    perf = plan.performance
+    assert perf is not None and perf.decode_tps_1 > 0 and perf.ttft(8192) > perf.ttft(1024) > 0
+    assert [p.x for p in perf.aggregate_tps] == [4, 8, 16]
+    assert "fits on node" not in (perf.single_node or "")
+    assert perf.single_node.startswith("a single node (node0) would be")  # 8 GB free: the model fits alone
+    untimed = plan_cluster(model, [node(0), node(1)])
+    assert untimed.performance is None and untimed.split == ((0, 18), (19, 29))  # by bytes: the embedding counts
+
+
+def test_a_node_without_timing_borrows_one_with_the_same_accelerator():
+    plan = plan_cluster(llama(), [timed(0, T), node(1)])
+    assert plan.performance is not None
+    assert "node1 assumed alike" in plan.performance.timing_note
+
+
+def test_a_manual_split_shows_the_automatic_one_beside_it():
+    plan = plan_cluster(llama(), [timed(0, T), timed(1, SLOW)], PlanSettings(manual_split=((0, 14), (15, 29))))
+    assert plan.performance.automatic.startswith("automatic split 0–19 / 20–29:")
+
+
+def test_order_follows_the_fastest_links():
+    # n0 - n2 - n1 is the short ring; n1 - n2 is wifi-slow when given as n0, n1, n2 ...
+    ring = [timed(0, T, n1=GBE, n2=GBE), timed(1, T, n2=WIFI), timed(2, T)]
+    plan = plan_cluster(uniform(6), ring)
+    assert [s.node_id for s in plan.stages] == ["n0", "n1", "n2"]  # every ring has one wifi hop: keep it
+    ring = [timed(0, T, n1=WIFI, n2=GBE), timed(1, T, n2=GBE), timed(2, T)]
+    plan = plan_cluster(uniform(6), ring)
+    assert [s.node_id for s in plan.stages] == ["n0", "n2", "n1"] or \
+        [s.node_id for s in plan.stages] == ["n0", "n1", "n2"]  # a ring: both directions cross the wifi once
+    four = [timed(0, T, n1=GBE, n2=WIFI, n3=GBE), timed(1, T, n2=GBE, n3=WIFI), timed(2, T, n3=GBE), timed(3, T)]
+    plan = plan_cluster(uniform(8), four)
+    assert [s.node_id for s in plan.stages] == ["n0", "n1", "n2", "n3"]  # already the all-GbE ring
+    four = [timed(0, T, n1=WIFI, n2=GBE, n3=GBE), timed(1, T, n2=GBE, n3=GBE), timed(2, T, n3=WIFI), timed(3, T)]
+    plan = plan_cluster(uniform(8), four)
+    assert [s.node_id for s in plan.stages] == ["n0", "n2", "n1", "n3"]  # avoids both wifi pairs
