@@ -24,7 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, CacheList
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache
 
 # Plain attributes the family's __call__ or make_cache read off a layer (block_type,
 # is_linear, use_sliding, ...) are copied onto its stand-in; modules and arrays are not.
@@ -42,6 +42,8 @@ def _advance(cache: Any, length: int, batch: int) -> None:
             _advance(c, length, batch)
     elif isinstance(cache, ArraysCache):
         return  # recurrent state: its masks depend on padding only, never on position
+    elif type(cache) is KVCache:
+        cache.offset += length  # its masks read only the offset: no arrays at all (the common case)
     elif hasattr(cache, "update_and_fetch"):
         empty = mx.zeros((batch, 1, length, 0))
         cache.update_and_fetch(empty, empty)  # the cache's own offset / rotation bookkeeping
