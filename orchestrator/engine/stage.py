@@ -372,8 +372,12 @@ class Stage:
 
     # --- outbound ----------------------------------------------------------------------
     def _send_down(self, frames: list[Frame]) -> None:
-        conn = self._downstream()
-        if conn is not None:
+        # Twice: a next stage that was replaced leaves a dead connection behind, noticed only
+        # now; its successor listens on the same address, so one fresh connection delivers.
+        for _ in range(2):
+            conn = self._downstream()
+            if conn is None:
+                break
             try:
                 conn.send_group(frames)
                 return
