@@ -49,16 +49,19 @@ def safe_next(target: str | None, default: str) -> str:
     return default if parts.scheme or parts.netloc else target
 
 
-def same_origin(origin: str | None, host: str, scheme: str) -> bool:
+def same_origin(origin: str | None, host: str) -> bool:
     """Whether a browser's Origin header names this dashboard (as the Host header names it).
 
+    The host and port must match exactly; the scheme may be http or https, because a
+    TLS-terminating proxy in front (docs/security.md) makes the browser's scheme differ from
+    ours, and no other site can be served from this very host and port.
     No Origin at all is a program, not a browser page (browsers always send it on websockets),
     and programs must authenticate anyway.
     """
     if origin is None:
         return True
     parts = urlsplit(origin)
-    return parts.scheme in ("http", "https") and parts.scheme == scheme and \
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and \
         parts.netloc.lower() == host.lower() and not parts.path.strip("/")
 
 
@@ -103,7 +106,7 @@ def install(app: Flask) -> None:
 
     @app.before_request
     def websocket_origin() -> None:
-        if request.path in WS_PATHS and not same_origin(request.headers.get("Origin"), request.host, request.scheme):
+        if request.path in WS_PATHS and not same_origin(request.headers.get("Origin"), request.host):
             abort(403, description="websocket from another origin refused")
 
     @app.after_request

@@ -43,7 +43,8 @@ def test_login_keeps_a_same_site_next(dashboard: Dashboard):
 def test_websockets_from_another_origin_are_refused(dashboard: Dashboard, path: str):
     cookie = dashboard.login().cookies["session"]
     for origin in ("http://evil.example", f"http://127.0.0.1:{dashboard.port}.evil.example", "null",
-                   f"https://127.0.0.1:{dashboard.port}"):
+                   "http://127.0.0.1", f"http://127.0.0.1:{dashboard.port + 1}", f"ftp://127.0.0.1:{dashboard.port}",
+                   f"http://evil.example@127.0.0.1:{dashboard.port}"):
         sock, status, _ = ws_connect(dashboard.port, path, cookie, origin=origin)
         sock.close()
         assert status == 403, origin

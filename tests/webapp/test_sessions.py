@@ -109,8 +109,9 @@ def test_an_admin_revokes_a_viewer_link_and_the_viewer_is_out_within_a_second(da
         assert status == 101 and feed_status == 101
         read_frames(page_ws, rest, 0.5)
         read_frames(feed_ws, feed_rest, 0.5)
+        csrf = dashboard.csrf(admin)
         started = time.monotonic()
-        r = admin.post(revoke, headers={"X-CSRF-Token": dashboard.csrf(admin)}, timeout=10)
+        r = admin.post(revoke, headers={"X-CSRF-Token": csrf}, timeout=10)
         assert r.status_code == 200 and "lobby screen" not in r.text
         page_frames, page_closed = read_frames(page_ws, b"", 5)
         page_took = time.monotonic() - started
