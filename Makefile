@@ -28,7 +28,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 demo: setup
-	$(BIN)/python -m orchestrator.demo --dir $(DEMO_DIR)
+	$(BIN)/python -m orchestrator.demo_stack --dir $(DEMO_DIR)
 
 bench: setup
 	$(BIN)/python e2e/bench_pipeline.py

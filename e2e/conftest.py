@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from orchestrator.agent.client import AgentClient
-from orchestrator.demo import Demo, DemoError, free_block, free_port, marked_processes
+from orchestrator.demo_stack import Demo, DemoError
+from orchestrator.proc import free_port, free_port_block, marked_processes
 
 CHROMIUM = os.environ.get("PIPESERVE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -131,7 +132,7 @@ def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """Three agents (the model on node-a only; 1100M of memory each), the router and the
     dashboard, on free ports; their transport ranges share one block of 30 ports."""
     root = tmp_path_factory.mktemp("e2e-stack")
-    transport = free_block(30)
+    transport = free_port_block(30)
     taken = set(range(transport[0], transport[1] + 1))
 
     def port() -> int:

@@ -18,8 +18,8 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from orchestrator.demo import MODEL_ID
-from tests.support.wait import wait_for  # noqa: F401 (used by the tests here)
+from orchestrator.demo_stack import MODEL_ID
+from orchestrator.proc import wait_until  # noqa: F401 (used by the tests here)
 
 pytestmark = pytest.mark.incremental
 
@@ -103,16 +103,16 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
     page.get_by_label("Transport port range start").fill(str(first))
     page.get_by_label("Transport port range end").fill(str(last))
     page.get_by_role("button", name="Save").click()
-    settings = wait_for(lambda: (st := stack.api_state()["settings"])["distributed_enabled"] and st, 10,
-                        "the settings to be saved")
+    settings = wait_until(lambda: (st := stack.api_state()["settings"])["distributed_enabled"] and st, 10,
+                        message="the settings to be saved")
     assert (settings["port_start"], settings["port_end"]) == (first, last)
     expect(page.get_by_role("alert")).to_have_count(0)
     expect(page.get_by_label("Enable distributed serving")).to_be_checked()
 
     # A viewer link for step 8's second browser, which watches from now on without reloading.
     page.get_by_role("button", name="Create viewer link").click()
-    link = wait_for(lambda: re.search(r"https?://[^\s\"'<]+/viewer/[\w-]+",
-                                      page.locator("#new-viewer-link").inner_html()), 10, "a viewer link")
+    link = wait_until(lambda: re.search(r"https?://[^\s\"'<]+/viewer/[\w-]+",
+                                      page.locator("#new-viewer-link").inner_html()), 10, message="a viewer link")
     shots(page, "01c-settings")
     viewer.page.goto(link.group(0))
     expect(viewer.page.get_by_role("heading", name="Serve as cluster")).to_be_visible()
@@ -172,8 +172,8 @@ def test_2_select_model_and_two_nodes_preview_plan(stack, admin, viewer, shots):
     page.get_by_label("Context length").fill("2048")
     page.get_by_label("Context length").dispatch_event("change")
     expect(plan).to_contain_text("2048")
-    wait_for(lambda: bars.nth(0).evaluate("el => el.children[1].getBoundingClientRect().width") < kv_before,
-             10, "the KV-cache bar to shrink")
+    wait_until(lambda: bars.nth(0).evaluate("el => el.children[1].getBoundingClientRect().width") < kv_before,
+             10, message="the KV-cache bar to shrink")
     assert stack.api_state()["sessions"] == []  # a preview starts nothing
     expect(viewer.page.locator("#plan-preview")).to_contain_text("2048", timeout=LIVE)  # live for the viewer
     shots(page, "02-plan")
@@ -245,7 +245,7 @@ def test_4_launch_timeline_completes_and_turns_healthy_live(stack, admin, viewer
     for st in session["stages"]:
         expect(monitor(page)).to_contain_text(st["node_name"])
         expect(monitor(page)).to_contain_text(f"{st['first_layer']}–{st['last_layer']}")
-    wait_for(lambda: MODEL_ID in stack.router_models(), 30, "the router to list the model")
+    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
     expect(badge(viewer.page, "Healthy")).to_be_visible(timeout=LIVE)
     expect(viewer.page.get_by_role("button", name="Stop cluster")).to_have_count(0)
     same_document(viewer.page, viewer.document)
@@ -328,9 +328,9 @@ def test_7_killing_a_stage_turns_the_cluster_unhealthy_and_cleans_up(stack, admi
     expect(cluster_rows(admin.sessions_page)).to_have_count(0, timeout=LIVE)
     expect(sessions).to_contain_text("No serving sessions")
     same_document(admin.sessions_page, admin.sessions_document)
-    wait_for(lambda: MODEL_ID not in stack.router_models(), 20, "the router to drop the model")
+    wait_until(lambda: MODEL_ID not in stack.router_models(), 20, message="the router to drop the model")
     assert stack.router_backends() == []
-    wait_for(lambda: not stack.engine_processes(), 20, "every engine process to end")
+    wait_until(lambda: not stack.engine_processes(), 20, message="every engine process to end")
     assert stack.api_state()["sessions"] == []
     expect(badge(viewer.page, "Unhealthy")).to_be_visible(timeout=LIVE)
     shots(page, "07a-unhealthy")
@@ -431,7 +431,7 @@ def test_9_a_launch_that_hits_a_taken_port_fails_visibly_and_leaves_nothing(stac
     try:
         page.get_by_role("button", name="Launch cluster").click()
         # The plan gave stage 1 a port; take it before stage 1 starts (stage 0 loads first).
-        session = wait_for(lambda: next(iter(stack.api_state()["sessions"]), None), 10, "the new session",
+        session = wait_until(lambda: next(iter(stack.api_state()["sessions"]), None), 10, message="the new session",
                            interval=0.01)
         port = next(s["port"] for s in session["stages"] if s["index"] == 1)
         blocker.bind(("127.0.0.1", port))
@@ -447,7 +447,7 @@ def test_9_a_launch_that_hits_a_taken_port_fails_visibly_and_leaves_nothing(stac
         expect(mon.get_by_text("rolled back", exact=True).first).to_be_visible()
         expect(mon).to_contain_text(str(port))
         # nothing left running, nothing registered
-        wait_for(lambda: not stack.engine_processes(), 20, "every engine process to end")
+        wait_until(lambda: not stack.engine_processes(), 20, message="every engine process to end")
         assert stack.api_state()["sessions"] == []
         assert stack.router_backends() == [] and MODEL_ID not in stack.router_models()
         expect(badge(viewer.page, "Stopped")).to_be_visible(timeout=LIVE)

@@ -1,4 +1,4 @@
-"""`make demo` (DESIGN §7): three node agents, the router and the dashboard on 127.0.0.1.
+"""`make demo`: three node agents, the router and the dashboard on 127.0.0.1 (README "Two commands").
 
 The real SmolLM2-135M-Instruct model (imported once into the pipeserve cache, reused after)
 is placed on ONE node only; every node reports a memory budget too small for the whole
@@ -16,18 +16,16 @@ and logs are recreated), so the tokens printed are always the ones that work.
 from __future__ import annotations
 
 import argparse
-import ctypes
+import json
 import os
-import re
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .proc import ChildError, ChildProcess, free_port, free_port_block, kill_marked, port_free, stop_all
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 NODE_NAMES = ("node-a", "node-b", "node-c")
@@ -49,120 +47,10 @@ class DemoError(RuntimeError):
     """A process of the demo did not come up; the message carries its output."""
 
 
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind host:port now."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS considers free right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def free_block(n: int, prefer: int | None = None, host: str = "127.0.0.1") -> tuple[int, int]:
-    """n consecutive free ports: from `prefer` when all are free, else anywhere."""
-    if prefer is not None and all(port_free(p, host) for p in range(prefer, prefer + n)):
-        return prefer, prefer + n - 1
-    for _ in range(500):
-        start = free_port(host)
-        if start + n <= 65535 and all(port_free(p, host) for p in range(start, start + n)):
-            return start, start + n - 1
-    raise DemoError(f"no block of {n} free ports on {host}")
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-
-
 # Every "node" of the demo is this one machine: a stage computes on one BLAS thread while
 # others also work, and on every core when the coordinator says nothing else is in flight
 # (the SOLO flag). Agents pass this environment on to the stages they start.
 SHARED_HOST_BLAS = {"PIPESERVE_STAGE_THREADS": "1", "PIPESERVE_SOLO_THREADS": str(os.cpu_count() or 1)}
-
-
-@dataclass
-class Child:
-    """One process of the demo, its output in a log file."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    proc: subprocess.Popen | None = None
-
-    def start(self) -> "Child":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            # Its own session: Ctrl-C reaches the demo only, which stops the children in order.
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def output(self, tail: int = 40) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no output)"
-        return "\n".join(lines[-tail:]) or "(no output)"
-
-    def wait_for(self, probe, what: str, timeout: float = STARTUP_TIMEOUT):
-        """Poll probe() until it returns something truthy; DemoError with the output if the
-        process exits or time runs out."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if not self.alive:
-                code = self.proc.returncode if self.proc else None
-                raise DemoError(f"{self.name} exited with status {code} before {what}:\n{self.output()}")
-            try:
-                got = probe()
-            except Exception:  # noqa: BLE001 (not up yet)
-                got = None
-            if got:
-                return got
-            if time.monotonic() > deadline:
-                raise DemoError(f"{self.name}: no {what} within {timeout:.0f} s:\n{self.output()}")
-            time.sleep(0.05)
-
-    def printed(self, pattern: str) -> str | None:
-        """The first group of `pattern` in the output so far."""
-        try:
-            m = re.search(pattern, self.log_path.read_text(errors="replace"))
-        except OSError:
-            return None
-        return m.group(1) if m else None
-
-    def signal(self, sig: int) -> None:
-        if self.alive:
-            try:
-                self.proc.send_signal(sig)
-            except ProcessLookupError:
-                pass
-
-    def reap(self, timeout: float) -> None:
-        """Wait for the process, killing it after `timeout` seconds."""
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @dataclass
@@ -173,7 +61,7 @@ class Node:
     port: int
     transport: tuple[int, int]
     root: Path
-    child: Child | None = None
+    child: ChildProcess | None = None
     token: str | None = None
 
     @property
@@ -207,7 +95,7 @@ class Demo:
     health_interval: str = "1s"
     settings: dict | None = None  # dashboard settings to start with (e.g. a transport range)
     python: str = sys.executable
-    children: list[Child] = field(default_factory=list)
+    children: list[ChildProcess] = field(default_factory=list)
     admin_token: str | None = None
 
     @classmethod
@@ -270,8 +158,15 @@ class Demo:
             raise
         return self
 
+    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
+        # die_with_parent: a demo killed with SIGKILL takes its children along (they run in
+        # sessions of their own, so Ctrl-C reaches only the demo, which stops them in order).
+        child = ChildProcess.spawn(name, argv, self.root / "logs" / f"{name}.log", die_with_parent=True,
+                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
+        self.children.append(child)
+        return child
+
     def _start(self, model_src: Path) -> None:
-        logs = self.root / "logs"
         for node in self.nodes:
             node.models_dir.mkdir(parents=True, exist_ok=True)
             node.state_dir.mkdir(parents=True, exist_ok=True)
@@ -285,8 +180,6 @@ class Demo:
             sort_keys=False))
         if self.settings:
             self.dashboard_state.mkdir(parents=True, exist_ok=True, mode=0o700)
-            import json
-
             (self.dashboard_state / "control.json").write_text(json.dumps({"settings": self.settings}))
         cli = [self.python, "-m", "orchestrator.cli"]
         for i, node in enumerate(self.nodes):
@@ -298,93 +191,50 @@ class Demo:
                 argv += ["--upload-limit", self.upload_limit]
             if not self.discovery:
                 argv.append("--no-advertise")
-            node.child = Child(node.name, argv, logs / f"{node.name}.log")
-            self.children.append(node.child.start())
-        router = Child("router", [*cli, "router", "--config", str(self.router_yaml), "--port", str(self.router_port),
-                                  "--reload-interval", "0.2"], logs / "router.log")
-        self.children.append(router.start())
+            node.child = self._spawn(node.name, argv)
+        router = self._spawn("router", [*cli, "router", "--config", str(self.router_yaml), "--port",
+                                        str(self.router_port), "--reload-interval", "0.2"])
         dash_argv = [*cli, "dashboard", "--host", "127.0.0.1", "--port", str(self.dashboard_port),
                      "--state-dir", str(self.dashboard_state), "--router", self.router_url,
                      "--router-config", str(self.router_yaml), "--threads", "32"]
         dash_argv += ["--discovery", "--discovery-interface", "127.0.0.1"] if self.discovery else ["--no-discovery"]
-        dashboard = Child("dashboard", dash_argv, logs / "dashboard.log")
-        self.children.append(dashboard.start())
+        dashboard = self._spawn("dashboard", dash_argv)
+        try:
+            self._wait_up(router, dashboard)
+        except ChildError as exc:
+            raise DemoError(str(exc)) from None
 
+    def _wait_up(self, router: ChildProcess, dashboard: ChildProcess) -> None:
         import requests
 
         from orchestrator.agent.client import AgentClient
 
         for node in self.nodes:
-            node.token = node.child.wait_for(lambda c=node.child: c.printed(r"pairing token: (\S+)"),
-                                             "pairing token")
+            c = node.child
+            node.token = c.wait_ready(lambda c=c: c.printed(r"pairing token: (\S+)"), "pairing token", STARTUP_TIMEOUT)
             probe = AgentClient(node.url, timeout=1)
-            node.child.wait_for(probe.identity, "answer on " + node.url)
+            c.wait_ready(probe.identity, "answer on " + node.url, STARTUP_TIMEOUT)
             probe.close()
-        router.wait_for(lambda: requests.get(self.router_url + "/health", timeout=1).status_code == 200,
-                        "answer on " + self.router_url)
-        self.admin_token = dashboard.wait_for(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token")
-        dashboard.wait_for(lambda: requests.get(self.dashboard_url + "/login", timeout=2).status_code == 200,
-                           "answer on " + self.dashboard_url)
+        router.wait_ready(lambda: requests.get(self.router_url + "/health", timeout=1).status_code == 200,
+                          "answer on " + self.router_url, STARTUP_TIMEOUT)
+        self.admin_token = dashboard.wait_ready(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token",
+                                                STARTUP_TIMEOUT)
+        dashboard.wait_ready(lambda: requests.get(self.dashboard_url + "/login", timeout=2).status_code == 200,
+                             "answer on " + self.dashboard_url, STARTUP_TIMEOUT)
 
-    def dead(self) -> list[Child]:
+    def dead(self) -> list[ChildProcess]:
         """Children that exited although nobody stopped them."""
-        return [c for c in self.children if c.proc is not None and not c.alive]
+        return [c for c in self.children if not c.alive()]
 
     def stop(self) -> list[int]:
         """Stop the dashboard, then the agents (which stop their engine processes), then the
         router; finally kill anything left that names the demo's directory. Returns the pids
         of such leftovers (none when every agent cleaned up after itself)."""
         by_name = {c.name: c for c in self.children}
-        order = [["dashboard"], [n.name for n in self.nodes], ["router"]]
-        for names in order:
-            group = [by_name[n] for n in names if n in by_name]
-            for c in group:
-                c.signal(signal.SIGTERM)
-            for c in group:
-                c.reap(20.0)
+        for names in (["dashboard"], [n.name for n in self.nodes], ["router"]):
+            stop_all([by_name[n] for n in names if n in by_name], timeout=20.0)
         self.children.clear()
         return kill_marked(self.marker)
-
-
-def _ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
-    while pid > 1:
-        pids.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return pids
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Pids of pipeserve processes (`python -m orchestrator.cli ...`: agents, router, dashboard,
-    stages, coordinators) whose command line contains `marker`; never this process or its
-    ancestors."""
-    needle, ours = marker.encode(), _ancestors()
-    found = []
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            pid = int(proc_dir.name)
-            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if pid not in ours and b"orchestrator.cli" in argv and any(needle in a for a in argv):
-            found.append(pid)
-    return found
-
-
-def kill_marked(marker: str) -> list[int]:
-    """SIGKILL the `marked_processes(marker)`; returns their pids."""
-    killed = []
-    for pid in marked_processes(marker):
-        try:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-        except OSError:
-            continue
-    return killed
 
 
 def check_budget(model_dir: Path, budget: int, nodes: int) -> list[str]:
@@ -415,7 +265,7 @@ def _pick(port: int, taken: set[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo until Ctrl-C; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.demo_stack", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path(".demo"), help="where node state and logs go (default .demo)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORTS["dashboard"], help="dashboard port (default 8080)")
     parser.add_argument("--router-port", type=int, default=DEFAULT_PORTS["router"], help="router port (default 8000)")
@@ -436,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.dir.resolve()
     root.mkdir(parents=True, exist_ok=True)
     taken: set[int] = set()
-    transport = free_block(TRANSPORT_DEFAULT[1] - TRANSPORT_DEFAULT[0] + 1, prefer=TRANSPORT_DEFAULT[0])
+    transport = free_port_block(TRANSPORT_DEFAULT[1] - TRANSPORT_DEFAULT[0] + 1, prefer=TRANSPORT_DEFAULT[0])
     taken.update(range(transport[0], transport[1] + 1))
     demo = Demo.on_ports(root, dashboard_port=_pick(args.port, taken), router_port=_pick(args.router_port, taken),
                          agent_ports=[_pick(p, taken) for p in DEFAULT_PORTS["agents"]], transport=transport,
@@ -475,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             dead = demo.dead()
             if dead:
                 for c in dead:
-                    print(f"demo: {c.name} exited with status {c.proc.returncode}:\n{c.output()}", file=sys.stderr)
+                    print(f"demo: {c.name} {c.describe_exit()}:\n{c.output()}", file=sys.stderr)
                 status = 1
                 break
     finally:
@@ -487,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def banner(demo: Demo) -> str:
-    """What a newcomer needs to walk DESIGN §1."""
+    """What a newcomer needs to walk the whole flow (README "Two commands")."""
     t = demo.settings or {"port_start": TRANSPORT_DEFAULT[0], "port_end": TRANSPORT_DEFAULT[1]}
     nodes = "\n".join(f"    {n.name}  address {n.address}  pairing token {n.token}"
                       f"{'   (holds ' + MODEL_ID + ')' if i == 0 else ''}" for i, n in enumerate(demo.nodes))

@@ -8,18 +8,13 @@ from orchestrator.engine import blas
 
 blas.preload()
 
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
-from orchestrator.engine.local import free_port
-from tests.support.agents import AgentProc, free_port_block
-from tests.support.router import STARTUP_TIMEOUT as ROUTER_STARTUP_TIMEOUT
+from orchestrator.proc import ChildError, free_port, free_port_block
+from tests.support.agents import AgentProc
 from tests.support.router import RouterProc
 
 
@@ -70,35 +65,13 @@ def start_router(tmp_path: Path) -> Iterator[Callable[..., RouterProc]]:
     started: list[RouterProc] = []
 
     def start(config_path: Path, reload_interval: float = 0.2) -> RouterProc:
-        port = free_port()
-        log_path = tmp_path / f"router{len(started)}.log"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "router", "--config", str(config_path),
-                                     "--port", str(port), "--reload-interval", str(reload_interval)],
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        router = RouterProc(proc, port, log_path, config_path)
+        try:
+            router = RouterProc.start(config_path, tmp_path / f"router{len(started)}.log", reload_interval)
+        except ChildError as exc:
+            pytest.fail(str(exc), pytrace=False)
         started.append(router)
-        deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"router exited with {proc.returncode}:\n{router.output()}")
-            try:
-                if requests.get(router.url + "/health", timeout=1).status_code == 200:
-                    return router
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"router not up within {ROUTER_STARTUP_TIMEOUT:.0f} s:\n{router.output()}")
-            time.sleep(0.05)
+        return router
 
     yield start
     for r in started:
-        if r.proc.poll() is None:
-            r.proc.terminate()
-            try:
-                r.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                r.proc.kill()
-                r.proc.wait()
-
-
+        r.proc.stop(5)

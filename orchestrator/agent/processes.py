@@ -18,9 +18,7 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
-import time
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 from ..engine.config import ClusterConfig, ConfigError
 from ..engine.parent_watch import PARENT_PID_ENV
 from ..logs import EventLogger
+from ..proc import SYSTEM_CLOCK, ChildError, ChildProcess, Clock, ProcState
 from .commands import SECRET_ENV, child_env, pipeserve_command
 from .inventory import Inventory
 from .probes import port_listening, process_identity as _identity
@@ -48,7 +47,11 @@ class ProcessError(Exception):
 
 @dataclass
 class Managed:
-    """One engine process and what the agent knows about it; persisted as record.json."""
+    """One engine process and what the agent knows about it; persisted as record.json.
+
+    Its life is `child.state` (running, stopping, exited, vanished); `stop_reason` says why
+    it was stopped, when the agent stopped it or found it gone after a restart.
+    """
 
     cluster_id: str
     node_id: str
@@ -57,56 +60,46 @@ class Managed:
     port: int
     probe_host: str
     spec_sha256: str
-    pid: int
-    identity: str | None
     started_at: float
     lease_expires_at: float  # unix time (persisted, so a restarted agent keeps enforcing it)
+    child: ChildProcess = field(repr=False)
     stop_reason: str | None = None
-    exit_code: int | None = None
-    signal: str | None = None
-    adopted: bool = False
-    gone: bool = False
-    popen: subprocess.Popen | None = field(default=None, repr=False)
-    stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    stopping: bool = False
+    stop_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # one stop at a time
+
+    @property
+    def adopted(self) -> bool:
+        """Found after an agent restart (no exit status will be known), still running or not."""
+        return self.child.attached and self.child.state is not ProcState.EXITED
 
     def record(self) -> dict:
         """What is persisted."""
-        transient = ("popen", "stop_lock", "stopping")
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in transient}
+        c = self.child
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("child", "stop_lock")}
+        return {**data, "pid": c.pid, "identity": c.identity, "state": c.state.value, "exit_code": c.exit_code,
+                "signal": c.signal}
+
+    @classmethod
+    def from_record(cls, data: dict, log_path: Path, clock: Clock) -> "Managed":
+        """A record written by an earlier run: its process is attached by pid and identity."""
+        state = data.get("state") or ("exited" if data.get("gone") else "running")  # records before `state`
+        child = ChildProcess.attach(data["node_id"], int(data["pid"]), data.get("identity"), _identity,
+                                    log_path=log_path, clock=clock)
+        child.state, child.exit_code, child.signal = ProcState(state), data.get("exit_code"), data.get("signal")
+        own = {f.name for f in fields(cls)} - {"child", "stop_lock"}
+        return cls(**{k: v for k, v in data.items() if k in own}, child=child)
 
     def alive(self) -> bool:
-        """Whether the process is still running (reaping and noting its exit when it is not)."""
-        if self.gone:
-            return False
-        if self.popen is not None:
-            code = self.popen.poll()
-            if code is None:
-                return True
-            if code >= 0:
-                self.exit_code = code
-            else:
-                try:
-                    self.signal = signal.Signals(-code).name
-                except ValueError:
-                    self.signal = f"signal {-code}"
-        else:
-            try:
-                os.kill(self.pid, 0)
-                if _identity(self.pid) == self.identity:
-                    return True
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.gone = True
-        return False
+        """Whether the process is still running (noting its exit when it is not)."""
+        return self.child.alive()
 
 
 class ProcessManager:
     """The engine processes of one agent. Thread-safe."""
 
     def __init__(self, root: Path, inventory: Inventory, port_range: tuple[int, int], agent_host: str,
-                 log: EventLogger) -> None:
+                 log: EventLogger, clock: Clock = SYSTEM_CLOCK) -> None:
         self.root = private_dir(root)
+        self.clock = clock  # leases and uptimes: a test moves a fake one instead of waiting
         self.inventory = inventory
         self.port_range = port_range
         self.agent_host = agent_host
@@ -120,16 +113,15 @@ class ProcessManager:
         """After a restart: take back the processes still running from the previous agent."""
         for path in sorted(self.root.glob("*/*/record.json")):
             try:
-                data = json.loads(path.read_text())
-                m = Managed(**{k: v for k, v in data.items() if k in Managed.__dataclass_fields__})
-            except (OSError, ValueError, TypeError):
+                m = Managed.from_record(json.loads(path.read_text()), path.parent / "output.log", self.clock)
+            except (OSError, ValueError, TypeError, KeyError):
                 continue
-            if not m.gone:
-                m.adopted = True
+            if not m.child.state.gone:
+                m.child.release_stop()  # a stop the previous agent began is no longer under way
                 if not m.alive():
                     m.stop_reason = m.stop_reason or "exited while the agent was down"
                 self.log.info("process.adopted" if m.alive() else "process.found_exited",
-                              cluster=m.cluster_id, node=m.node_id, pid=m.pid)
+                              cluster=m.cluster_id, node=m.node_id, pid=m.child.pid)
             self._procs[(m.cluster_id, m.node_id)] = m
             self._persist(m)
 
@@ -158,13 +150,13 @@ class ProcessManager:
                 if existing.spec_sha256 != spec_sha:
                     raise ProcessError(409, f"{req.cluster_id}/{req.node_id} is already running with another "
                                             "configuration; stop it first", "process_conflict")
-                existing.lease_expires_at = max(existing.lease_expires_at, time.time() + req.lease_s)
+                existing.lease_expires_at = max(existing.lease_expires_at, self.clock.time() + req.lease_s)
                 self._persist(existing)
                 return self.info(existing)
             m = self._spawn(req, model_dir, host, port, spec_sha)
             self._procs[key] = m
             self._prune()
-        self.log.info("process.started", cluster=req.cluster_id, node=req.node_id, kind=req.kind, pid=m.pid,
+        self.log.info("process.started", cluster=req.cluster_id, node=req.node_id, kind=req.kind, pid=m.child.pid,
                       port=port, lease_s=req.lease_s)
         return self.info(m, created=True)
 
@@ -196,21 +188,19 @@ class ProcessManager:
             args += ["--threads", str(req.threads)]
         if req.kind == "coordinator":
             args += ["--host", host, "--port", str(port)] + (["--model-name", req.model_name] if req.model_name else [])
-        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            popen = subprocess.Popen(pipeserve_command(req.kind, *args), stdin=subprocess.DEVNULL, stdout=out,
-                                     stderr=subprocess.STDOUT, env=child_env({SECRET_ENV: req.secret, PARENT_PID_ENV: str(os.getpid())}),
-                                     cwd=workdir, start_new_session=True, close_fds=True)
-        finally:
-            os.close(out)
+        env = child_env({SECRET_ENV: req.secret, PARENT_PID_ENV: str(os.getpid())})
+        child = ChildProcess.spawn(req.node_id, pipeserve_command(req.kind, *args), log_path, env=env, cwd=workdir,
+                                   clock=self.clock)
+        child.identity = _identity(child.pid)  # persisted: how a restarted agent recognises it
         probe = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-        m = Managed(req.cluster_id, req.node_id, req.kind, req.model_id, port, probe, spec_sha, popen.pid,
-                    _identity(popen.pid), time.time(), time.time() + req.lease_s, popen=popen)
+        now = self.clock.time()
+        m = Managed(req.cluster_id, req.node_id, req.kind, req.model_id, port, probe, spec_sha, now,
+                    now + req.lease_s, child)
         try:
             self._persist(m)
         except BaseException:  # an unrecorded process would be an orphan: take it down with the request
-            self._signal_group(m, signal.SIGKILL)
-            popen.wait()
+            child.signal_group(signal.SIGKILL)
+            child.wait_exit(10.0)
             raise
         return m
 
@@ -219,7 +209,7 @@ class ProcessManager:
         write_private(workdir / "record.json", json.dumps(m.record()))
 
     def _prune(self) -> None:
-        exited = sorted((m for m in self._procs.values() if m.gone), key=lambda m: m.started_at)
+        exited = sorted((m for m in self._procs.values() if m.child.state.gone), key=lambda m: m.started_at)
         for m in exited[:-KEEP_EXITED] if len(exited) > KEEP_EXITED else []:
             del self._procs[(m.cluster_id, m.node_id)]
             shutil.rmtree(self.root / m.cluster_id / m.node_id, ignore_errors=True)
@@ -230,35 +220,20 @@ class ProcessManager:
         with m.stop_lock:
             if m.alive():
                 m.stop_reason = m.stop_reason or reason
-                self.log.info("process.stopping", cluster=cluster_id, node=node_id, pid=m.pid, reason=reason)
-                self._signal_group(m, signal.SIGTERM)
-                if not self._wait_gone(m, timeout_s):
-                    self.log.warning("process.kill", cluster=cluster_id, node=node_id, pid=m.pid,
+                self.log.info("process.stopping", cluster=cluster_id, node=node_id, pid=m.child.pid, reason=reason)
+
+                def killing() -> None:
+                    self.log.warning("process.kill", cluster=cluster_id, node=node_id, pid=m.child.pid,
                                      reason=f"still running {timeout_s:.0f} s after SIGTERM")
-                    self._signal_group(m, signal.SIGKILL)
-                    if not self._wait_gone(m, 10.0):
-                        raise ProcessError(500, f"pid {m.pid} survived SIGKILL", "stop_failed")
-                self._signal_group(m, signal.SIGKILL)  # anything the process left behind in its group
-                self.log.info("process.stopped", cluster=cluster_id, node=node_id, exit_code=m.exit_code,
-                              signal=m.signal)
+
+                try:
+                    m.child.stop(timeout_s, on_kill=killing)
+                except ChildError:
+                    raise ProcessError(500, f"pid {m.child.pid} survived SIGKILL", "stop_failed") from None
+                self.log.info("process.stopped", cluster=cluster_id, node=node_id, exit_code=m.child.exit_code,
+                              signal=m.child.signal)
             self._persist(m)
         return self.info(m)
-
-    @staticmethod
-    def _signal_group(m: Managed, sig: signal.Signals) -> None:
-        try:
-            os.killpg(m.pid, sig)  # start_new_session made the process its group's leader
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    @staticmethod
-    def _wait_gone(m: Managed, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while m.alive():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
 
     def stop_all(self, reason: str, timeout_s: float = 10.0) -> None:
         """Stop every running process in parallel (agent shutdown)."""
@@ -278,7 +253,7 @@ class ProcessManager:
         finally:
             m = self._procs.get((cluster_id, node_id))
             if m is not None:
-                m.stopping = False
+                m.child.release_stop()  # a failed stop leaves it running: the next check may retry
 
     # --- leases --------------------------------------------------------------------
 
@@ -287,25 +262,30 @@ class ProcessManager:
         renewed = []
         with self._lock:
             for (cid, nid), m in self._procs.items():
-                if cid == cluster_id and m.alive() and not m.stopping:
-                    m.lease_expires_at = time.time() + lease_s
+                if cid == cluster_id and m.child.state is ProcState.RUNNING and m.alive():
+                    m.lease_expires_at = self.clock.time() + lease_s
                     self._persist(m)
                     renewed.append(nid)
         if not renewed:
             raise LookupError(f"no running process of cluster {cluster_id!r} on this node")
         return renewed
 
-    def enforce(self, timeout_s: float = 10.0) -> None:
-        """Stop processes whose lease lapsed (called periodically by the agent's reaper thread)."""
-        now = time.time()
+    def enforce(self, timeout_s: float = 10.0) -> list[threading.Thread]:
+        """Stop processes whose lease lapsed (called periodically by the agent's reaper thread).
+
+        Each stop runs in a thread of its own (a stop may take `timeout_s`); they are returned.
+        """
+        now = self.clock.time()
         with self._lock:
-            due = [m for m in self._procs.values() if not m.stopping and m.lease_expires_at <= now and m.alive()]
-            for m in due:
-                m.stopping = True
+            # claim_stop: a process already being stopped is not stopped twice, nor renewed meanwhile
+            due = [m for m in self._procs.values() if m.lease_expires_at <= now and m.child.claim_stop()]
+        threads = []
         for m in due:
-            self.log.warning("lease.expired", cluster=m.cluster_id, node=m.node_id, pid=m.pid)
-            threading.Thread(target=self._stop_quietly, args=(m.cluster_id, m.node_id, timeout_s, "lease expired"),
-                             daemon=True, name=f"stop-{m.node_id}").start()
+            self.log.warning("lease.expired", cluster=m.cluster_id, node=m.node_id, pid=m.child.pid)
+            threads.append(threading.Thread(target=self._stop_quietly, daemon=True, name=f"stop-{m.node_id}",
+                                            args=(m.cluster_id, m.node_id, timeout_s, "lease expired")))
+            threads[-1].start()
+        return threads
 
     # --- observation ---------------------------------------------------------------
 
@@ -328,26 +308,17 @@ class ProcessManager:
 
     def info(self, m: Managed, created: bool = False) -> ProcessInfo:
         """A process's status, probing its port."""
-        alive = m.alive()
-        listening = alive and port_listening(m.probe_host, m.port, m.pid)
-        return ProcessInfo(cluster_id=m.cluster_id, node_id=m.node_id, kind=m.kind, model_id=m.model_id, pid=m.pid,
-                           alive=alive, exit_code=m.exit_code, signal=m.signal, port=m.port, port_listening=listening,
-                           started_at=m.started_at, uptime_s=round(time.time() - m.started_at, 3),
-                           lease_remaining_s=round(m.lease_expires_at - time.time(), 3) if alive else None,
+        alive, c, now = m.alive(), m.child, self.clock.time()
+        listening = alive and port_listening(m.probe_host, m.port, c.pid)
+        return ProcessInfo(cluster_id=m.cluster_id, node_id=m.node_id, kind=m.kind, model_id=m.model_id, pid=c.pid,
+                           alive=alive, exit_code=c.exit_code, signal=c.signal, port=m.port, port_listening=listening,
+                           started_at=m.started_at, uptime_s=round(now - m.started_at, 3),
+                           lease_remaining_s=round(m.lease_expires_at - now, 3) if alive else None,
                            stop_reason=m.stop_reason, adopted=m.adopted, created=created)
 
     def logs(self, cluster_id: str, node_id: str, lines: int = 100) -> list[str]:
         """The last `lines` lines the process printed (stdout and stderr together)."""
-        m = self._get(cluster_id, node_id)
-        path = self.root / m.cluster_id / m.node_id / "output.log"
-        try:
-            with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - 256 * lines - 4096))
-                data = f.read()
-        except OSError:
-            return []
-        return data.decode(errors="replace").splitlines()[-lines:]
+        return self._get(cluster_id, node_id).child.output_lines(lines)
 
     def users(self, model_id: str) -> list[str]:
         """"cluster/node" of the running processes that use this model."""
@@ -358,5 +329,5 @@ class ProcessManager:
     def rss(self) -> int:
         """Resident bytes of all running engine processes."""
         with self._lock:
-            pids = [m.pid for m in self._procs.values() if m.alive()]
+            pids = [m.child.pid for m in self._procs.values() if m.alive()]
         return sum(process_rss(p) for p in pids)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..proc import SYSTEM_CLOCK, Clock
+
 MAX_CREDENTIALS = 32  # oldest dropped beyond this: a retrying client cannot grow the file forever
 MAX_TICKETS = 256
 
@@ -72,8 +74,9 @@ class Caller:
 class AgentState:
     """Identity and credentials in `state_dir`; thread-safe."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, clock: Clock = SYSTEM_CLOCK) -> None:
         self.dir = private_dir(Path(state_dir))
+        self._clock = clock  # ticket expiry: a test moves a fake clock instead of sleeping
         self._lock = threading.Lock()
         self._identity_path = self.dir / "identity.json"
         self._auth_path = self.dir / "auth.json"
@@ -141,7 +144,7 @@ class AgentState:
                     found = Caller("credential", cred["id"])
             if found:
                 return found
-            now = time.monotonic()
+            now = self._clock.monotonic()
             self._tickets = {d: v for d, v in self._tickets.items() if v[1] > now}
             ticket = self._tickets.get(digest)
             if ticket is not None:
@@ -155,5 +158,5 @@ class AgentState:
             if len(self._tickets) >= MAX_TICKETS:
                 oldest = min(self._tickets, key=lambda d: self._tickets[d][1])
                 del self._tickets[oldest]
-            self._tickets[_digest(ticket)] = (model_id, time.monotonic() + ttl_s)
+            self._tickets[_digest(ticket)] = (model_id, self._clock.monotonic() + ttl_s)
         return ticket

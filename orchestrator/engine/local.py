@@ -1,8 +1,9 @@
 """Run a whole pipeline on this machine: stage processes plus (optionally) a coordinator.
 
-Used by the demo, the benchmarks and the tests. It writes the cluster TOML, starts the
-stages in ascending order, waits for each port, starts the coordinator and waits until it
-is healthy; on any failure it stops what it started and raises with the child's output.
+Used by the benchmarks and the tests. It writes the cluster TOML, starts the stages in
+ascending order, waits for each port, starts the coordinator and waits until it is healthy;
+on any failure it stops what it started and raises with the child's output. The processes
+themselves are `orchestrator.proc.ChildProcess`es.
 """
 
 from __future__ import annotations
@@ -11,24 +12,17 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from ..proc import ChildError, ChildProcess, free_port
+
 
 class LaunchError(RuntimeError):
     """A process of the local pipeline failed to start; the message includes its output."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def even_split(num_layers: int, stages: int) -> list[tuple[int, int]]:
@@ -69,7 +63,7 @@ def compute_split(config: dict, stages: int) -> list[tuple[int, int]]:
 
 def write_config(path: Path, name: str, splits: list[tuple[int, int]], ports: list[int],
                  host: str = "127.0.0.1", **cluster: object) -> Path:
-    """Write a cluster TOML (DESIGN §4) for stages on `ports[1:]`, coordinator on `ports[0]`."""
+    """Write a cluster TOML (docs/architecture.md, "Cluster configuration") for stages on `ports[1:]`, coordinator on `ports[0]`."""
     extra = "".join(f"{k} = {v!r}\n" if not isinstance(v, bool) else f"{k} = {str(v).lower()}\n"
                     for k, v in cluster.items())
     text = (f'[cluster]\nname = "{name}"\npipeline_parallel_size = {len(splits)}\ntensor_parallel_size = 1\n'
@@ -96,7 +90,7 @@ class LocalPipeline:
     cluster: dict[str, object] = field(default_factory=dict)
     startup_timeout: float = 120.0
     model_name: str | None = None
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[str, ChildProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,63 +128,47 @@ class LocalPipeline:
         return self
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, env=self.child_env(), start_new_session=True)
+        self.procs[name] = ChildProcess.spawn(name, [sys.executable, "-m", "orchestrator.cli", *args],
+                                              self.workdir / f"{name}.log", env=self.child_env())
 
     def output(self, name: str, tail: int = 40) -> str:
         """The last lines a child printed."""
-        path = self.workdir / f"{name}.log"
-        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-        return "\n".join(lines[-tail:])
-
-    def _check_alive(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.poll() is not None:
-            raise LaunchError(f"{name} exited with {proc.returncode}:\n{self.output(name)}")
+        return self.procs[name].output(tail)
 
     def _wait_port(self, name: str, port: int) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            self._check_alive(name)
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise LaunchError(f"{name} did not listen on {port} within {self.startup_timeout:.0f} s:\n{self.output(name)}")
+        def listening() -> bool:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+
+        try:
+            self.procs[name].wait_ready(listening, f"a listener on port {port}", self.startup_timeout,
+                                        ignore=(OSError,))
+        except ChildError as exc:
+            raise LaunchError(str(exc)) from None
 
     def wait_ready(self, timeout: float | None = None) -> dict:
         """Wait until GET /health says ready; returns the health document."""
-        deadline = time.monotonic() + (timeout or self.startup_timeout)
-        body: dict = {}
-        while time.monotonic() < deadline:
-            self._check_alive("coordinator")
-            try:
-                r = requests.get(self.base_url + "/health", timeout=2)
-                body = r.json()
-                if r.status_code == 200 and body.get("ready"):
-                    return body
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise LaunchError(f"coordinator not healthy: {body}\n{self.output('coordinator')}")
+        last: dict = {}
+
+        def ready() -> dict | None:
+            r = requests.get(self.base_url + "/health", timeout=2)
+            last.update(r.json())
+            return last if r.status_code == 200 and last.get("ready") else None
+
+        try:
+            return self.procs["coordinator"].wait_ready(ready, "a ready /health", timeout or self.startup_timeout,
+                                                        ignore=(requests.RequestException, ValueError))
+        except ChildError as exc:
+            raise LaunchError(f"coordinator not healthy: {last}\n{exc}") from None
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send a signal to one child (tests use it to simulate a dead stage)."""
-        self.procs[name].send_signal(sig)
+        """Send a signal to one child (tests use it to simulate a dead or frozen stage)."""
+        self.procs[name].send(sig)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every child in reverse start order: SIGTERM, then SIGKILL."""
+        """Stop every child in reverse start order: SIGTERM, then SIGKILL after `timeout` s."""
         for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            self.procs[name].stop(timeout)
 
     def __enter__(self) -> "LocalPipeline":
         return self.start()

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.agent.client import AgentClient, AgentError  # noqa: E402
-from orchestrator.engine.local import free_port  # noqa: E402
+from orchestrator.proc import free_port  # noqa: E402
 
 
 def default_model() -> Path:

@@ -7,7 +7,7 @@ import time
 
 from orchestrator.agent.discovery import NodeBrowser
 
-from tests.support.wait import wait_for
+from orchestrator.proc import wait_until
 
 from .conftest import copy_model
 
@@ -25,7 +25,7 @@ def test_browser_finds_both_agents_and_forgets_them_on_goodbye_and_on_ttl(spawn_
                      on_change=lambda event, node: events.append((event, node.fingerprint))) as browser:
         # Keyed by fingerprint: agents of other test runs on this machine may be advertising too.
         seen = lambda: {n.fingerprint for n in browser.nodes()}  # noqa: E731
-        wait_for(lambda: seen() >= {fa, fb}, 20, "both agents discovered")
+        wait_until(lambda: seen() >= {fa, fb}, 20, message="both agents discovered")
         found = {n.fingerprint: n for n in browser.nodes()}
         alpha, beta = found[fa], found[fb]
         assert (alpha.name, beta.name) == ("alpha", "beta")
@@ -36,7 +36,7 @@ def test_browser_finds_both_agents_and_forgets_them_on_goodbye_and_on_ttl(spawn_
         assert seen() >= {fa, fb} and not [e for e in events if e[0] == "removed" and e[1] in (fa, fb)]
 
         b.stop(signal.SIGTERM)  # graceful: a goodbye packet
-        wait_for(lambda: fb not in seen(), 10, "beta forgotten after its goodbye")
+        wait_until(lambda: fb not in seen(), 10, message="beta forgotten after its goodbye")
         a.stop(signal.SIGKILL)  # a crash: no goodbye, only the TTL
-        wait_for(lambda: fa not in seen(), 20, "alpha forgotten after its records expired")
+        wait_until(lambda: fa not in seen(), 20, message="alpha forgotten after its records expired")
         assert {("removed", fa), ("removed", fb), ("added", fa), ("added", fb)} <= set(events)

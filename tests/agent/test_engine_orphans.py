@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.support.wait import wait_for
+from orchestrator.agent.probes import process_identity
+from orchestrator.proc import WaitTimeout, port_free, wait_until
 
 from .conftest import copy_model
 from .test_processes import MODEL, cluster_toml, stage_request
@@ -31,24 +31,7 @@ GONE_WITHIN_S = 15.0
 
 def process_gone(pid: int) -> bool:
     """No such process, or a zombie (exited; waiting for its new parent to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def port_free(port: int) -> bool:
-    """A new server could bind and listen on the port (as the engine's own listeners bind it)."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("127.0.0.1", port))
-        s.listen(1)
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
+    return process_identity(pid) is None
 
 
 def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_agent, test_model_dir, tmp_path):
@@ -58,7 +41,7 @@ def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_ag
     config = cluster_toml(tmp_path, [(0, 3)], [a.port_at(0), stage_port])
     secret = secrets.token_hex(16)
     stage = a.client.start_process(stage_request(config, "stage-0", secret, lease_s=LEASE_S))
-    wait_for(lambda: a.client.process("c1", "stage-0").port_listening, 60, "the stage listening")
+    wait_until(lambda: a.client.process("c1", "stage-0").port_listening, 60, message="the stage listening")
     coord = a.client.start_process({"kind": "coordinator", "cluster_id": "c1", "node_id": "coordinator",
                                     "model_id": MODEL, "config": config, "secret": secret, "lease_s": LEASE_S,
                                     "http_port": http_port})
@@ -69,17 +52,23 @@ def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_ag
         except requests.RequestException:
             return False
 
-    wait_for(healthy, 60, "the coordinator to be ready")
+    wait_until(healthy, 60, message="the coordinator to be ready")
 
     a.stop(signal.SIGKILL)  # a crash: the agent enforces nothing any more
     t0 = time.monotonic()
     gone: dict[str, float] = {}
     watched = {"stage": (stage.pid, stage_port), "coordinator": (coord.pid, http_port)}
-    while len(gone) < len(watched) and time.monotonic() - t0 < LEASE_S:
+
+    def all_gone() -> bool:
         for name, (pid, port) in watched.items():
             if name not in gone and process_gone(pid) and port_free(port):
                 gone[name] = time.monotonic() - t0
-        time.sleep(0.05)
+        return len(gone) == len(watched)
+
+    try:
+        wait_until(all_gone, LEASE_S, message="both engine processes gone and their ports free")
+    except WaitTimeout:
+        pass  # the assertions below say which one stayed
     print(f"after kill -9 of the agent (lease {LEASE_S:.0f} s): "
           + ", ".join(f"{n} gone and port free in {s:.2f} s" for n, s in gone.items()))
     for name, (pid, port) in watched.items():
@@ -121,15 +110,16 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(mode):
                               cwd=Path(__file__).resolve().parents[2])
     child_pid = int(parent.stdout.readline())
     try:
-        time.sleep(1.0)  # the child is up and watching (or not)
+        # The child shares the parent's stdout: its first line says it is up, and whether it watches.
+        assert parent.stdout.readline().strip() == (b"watched" if mode == "watch" else b"unwatched")
         parent.kill()
         parent.wait()
         t0 = time.monotonic()
         if mode == "watch":
-            wait_for(lambda: process_gone(child_pid), 15, "the orphaned child to stop")
+            wait_until(lambda: process_gone(child_pid), 15, message="the orphaned child to stop")
             print(f"orphan gone {time.monotonic() - t0:.2f} s after its parent's SIGKILL (grace 0.5 s)")
         else:
-            time.sleep(1.5)
+            time.sleep(1.5)  # an absence needs a window: three times the grace period a watch would use
             assert not process_gone(child_pid)  # started by hand: nobody asked for a watch
     finally:
         try:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,7 @@ from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
 from orchestrator.engine.local import write_config
 
-from tests.support.wait import wait_for
+from orchestrator.proc import wait_until
 
 from .conftest import copy_model
 
@@ -24,7 +21,7 @@ MODEL = "tm"
 
 
 def cluster_toml(tmp_path: Path, splits: list[tuple[int, int]], ports: list[int]) -> str:
-    """The engine's own config writer (DESIGN §4 format): coordinator on ports[0], stages after."""
+    """The engine's own config writer: coordinator on ports[0], stages after."""
     return write_config(tmp_path / f"c{secrets.token_hex(3)}.toml", "agents", splits, ports).read_text()
 
 
@@ -46,8 +43,8 @@ def test_stage_and_coordinator_through_two_agents_serve_a_chat(spawn_agent, test
     assert s0.created and s1.created and s0.pid != s1.pid
     for agent in (a, b):
         nid = "stage-0" if agent is a else "stage-1"
-        wait_for(lambda: agent.client.process("c1", nid).port_listening or not agent.client.process("c1", nid).alive,
-                 60, f"{nid} listening")
+        wait_until(lambda: agent.client.process("c1", nid).port_listening or not agent.client.process("c1", nid).alive,
+                 60, message=f"{nid} listening")
         assert agent.client.process("c1", nid).alive, agent.client.logs("c1", nid)
     coord = b.client.start_process({"kind": "coordinator", "cluster_id": "c1", "node_id": "coordinator",
                                     "model_id": MODEL, "config": config, "secret": secret, "lease_s": 60,
@@ -61,7 +58,7 @@ def test_stage_and_coordinator_through_two_agents_serve_a_chat(spawn_agent, test
         except requests.RequestException:
             return False
 
-    wait_for(healthy, 60, "the coordinator to be healthy")
+    wait_until(healthy, 60, message="the coordinator to be healthy")
     r = requests.post(f"http://127.0.0.1:{http_port}/v1/chat/completions", timeout=60,
                       json={"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6})
     assert r.status_code == 200, r.text
@@ -99,11 +96,12 @@ def test_lease_expiry_stops_processes_and_renewal_keeps_them(spawn_agent, test_m
         assert a.client.renew_lease("held", 4).renewed == ["stage-0"]  # the control plane renews "held" only
         return not a.client.process("lapsing", "stage-1").alive
 
-    wait_for(renew_held_until_lapsing_is_gone, 20, "the unrenewed lease to lapse", interval=0.3)
+    wait_until(renew_held_until_lapsing_is_gone, 20, message="the unrenewed lease to lapse", interval=0.3)
     gone = a.client.process("lapsing", "stage-1")
     assert gone.stop_reason == "lease expired", gone
     assert a.client.process("held", "stage-0").alive
-    wait_for(lambda: not a.client.process("held", "stage-0").alive, 20, "the lease to lapse once renewals stop")
+    wait_until(lambda: not a.client.process("held", "stage-0").alive, 20,
+               message="the lease to lapse once renewals stop")
     assert a.client.process("held", "stage-0").stop_reason == "lease expired"
     for info in (held, lapsing):
         with pytest.raises(ProcessLookupError):
@@ -183,24 +181,3 @@ def test_transport_port_outside_the_range_is_refused(spawn_agent, test_model_dir
         a.client.start_process(stage_request(cluster_toml(tmp_path, [(0, 3)], [a.port_at(0), outside]), "stage-0",
                                              secrets.token_hex(16)))
     assert err.value.status == 400 and err.value.code == "port_out_of_range"
-
-
-def test_stop_escalates_to_sigkill(tmp_path):
-    """In-process: a process that ignores SIGTERM is killed after the grace period."""
-    from orchestrator import logs
-    from orchestrator.agent.inventory import Inventory
-    from orchestrator.agent.processes import Managed, ProcessManager
-
-    manager = ProcessManager(tmp_path / "p", Inventory(tmp_path / "m", tmp_path / "c.json", logs.get("t")),
-                             (40000, 40001), "127.0.0.1", logs.get("t"))
-    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time\nsignal.signal(signal.SIGTERM, "
-                                 "signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"],
-                                stdout=subprocess.PIPE, start_new_session=True)
-    assert stubborn.stdout.readline() == b"ready\n"
-    m = Managed("c", "n", "stage", "m", 40000, "127.0.0.1", "x", stubborn.pid, None, time.time(), time.time() + 60,
-                popen=stubborn)
-    manager._procs[("c", "n")] = m
-    t0 = time.monotonic()
-    info = manager.stop("c", "n", timeout_s=0.5)
-    assert not info.alive and info.signal == "SIGKILL"
-    assert 0.5 <= time.monotonic() - t0 < 15  # the upper bound only catches a hang; a loaded machine is slow

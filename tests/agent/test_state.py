@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import time
-
 from orchestrator.agent.state import MAX_CREDENTIALS, AgentState
+from orchestrator.proc import FakeClock
 
 
 def test_identity_is_stable_and_the_token_is_issued_once(tmp_path):
@@ -49,10 +48,13 @@ def test_credentials_are_bounded(tmp_path):
 
 
 def test_tickets_are_scoped_and_expire(tmp_path):
-    state = AgentState(tmp_path / "s")
-    ticket = state.issue_ticket("tm", ttl_s=1.5)  # the first check must come within the TTL, even under load
+    clock = FakeClock()
+    state = AgentState(tmp_path / "s", clock=clock)
+    ticket = state.issue_ticket("tm", ttl_s=1.5)
     caller = state.caller(ticket)
     assert caller.kind == "ticket" and caller.model_id == "tm"
-    time.sleep(1.6)
+    clock.advance(1.4)
+    assert state.caller(ticket).model_id == "tm"  # within its TTL
+    clock.advance(0.2)
     assert state.caller(ticket) is None
     assert "ticket" not in (tmp_path / "s" / "auth.json").read_text()  # tickets live in memory only

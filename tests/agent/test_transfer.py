@@ -12,7 +12,7 @@ import pytest
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
 
-from tests.support.wait import wait_for
+from orchestrator.proc import wait_until
 
 from .conftest import copy_model
 
@@ -87,7 +87,7 @@ def test_killed_mid_download_resumes_with_range(spawn_agent, transfer_model):
     manifest = a.client.model(MODEL).manifest
     total = manifest.total_bytes
     b.client.fetch_from_peer(MODEL, a.client, manifest)
-    wait_for(lambda: b.client.progress(MODEL).done_bytes > total * 0.35, 30, "a third of the download")
+    wait_until(lambda: b.client.progress(MODEL).done_bytes > total * 0.35, 30, message="a third of the download")
     b.stop(signal.SIGKILL)  # a crash: no cleanup at all
     assert not (b.models_dir / MODEL).exists()
     partial = b.models_dir / ".partial" / MODEL / "files"
@@ -110,7 +110,7 @@ def test_corrupted_partial_file_is_detected_and_fetched_again(spawn_agent, trans
     b.client.fetch_from_peer(MODEL, a.client, manifest)
     first = "model-00001-of-00002.safetensors"  # the first large file in manifest order
     part = b.models_dir / ".partial" / MODEL / "files" / f"{first}.part"
-    wait_for(lambda: part.exists() and part.stat().st_size > 1_000_000, 30, "part of the first file")
+    wait_until(lambda: part.exists() and part.stat().st_size > 1_000_000, 30, message="part of the first file")
     b.stop(signal.SIGKILL)
     flip_byte(part, 1000)  # a bit rotted in what was already on disk
 
@@ -127,7 +127,7 @@ def test_cancel_keeps_partial_files_and_discard_removes_them(spawn_agent, transf
     copy_model(transfer_model, a.models_dir, MODEL)
     manifest = a.client.model(MODEL).manifest
     b.client.fetch_from_peer(MODEL, a.client, manifest)
-    wait_for(lambda: b.client.progress(MODEL).done_bytes > 1_000_000, 30, "some progress")
+    wait_until(lambda: b.client.progress(MODEL).done_bytes > 1_000_000, 30, message="some progress")
     running = b.client.progress(MODEL)
     assert running.state == "running" and running.current_file and running.rate_bps > 0, running
     cancelled = b.client.cancel(MODEL)

@@ -122,7 +122,7 @@ def test_an_agent_that_becomes_unreachable(env: Env):
     agent_b = env.agents[1]
 
     def freeze_agent_b(_session_id: str) -> None:
-        agent_b.proc.send_signal(signal.SIGSTOP)
+        agent_b.proc.send(signal.SIGSTOP)
 
     when_step(env.orch, "stage-0.listen", "done", freeze_agent_b)
     try:
@@ -130,7 +130,7 @@ def test_an_agent_that_becomes_unreachable(env: Env):
         assert step.key == "stage-1.start" and "unreachable" in step.detail, step
         assert [p for p in env.agents[0].client.processes() if p.alive] == []
     finally:
-        agent_b.proc.send_signal(signal.SIGCONT)
+        agent_b.proc.send(signal.SIGCONT)
     # The frozen agent may still act on the start request it had queued; nobody renews that
     # lease, so the agent itself stops the process when it lapses (6 s here).
     nothing_left(env, within=20)

@@ -7,8 +7,6 @@ uses; `test_exactness.py` proves it fails for deliberately broken splits.
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +19,7 @@ from orchestrator.engine.config import load_config
 from orchestrator.engine.local import LocalPipeline
 from orchestrator.engine.pipeline import Failed, Finished, GenerationParams, Pipeline, TokenEvent
 from orchestrator.engine.shard import StageModel
+from orchestrator.proc import WaitTimeout, wait_until
 
 TOP = 5
 
@@ -95,20 +94,18 @@ class InTestCoordinator:
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Block until the probe generation went through every stage."""
-        ready = threading.Event()
-        deadline = time.monotonic() + timeout
-        while not self.pipeline.health.ready:
-            assert time.monotonic() < deadline, f"pipeline not ready: {self.pipeline.health}"
-            ready.wait(0.02)
+        try:
+            wait_until(lambda: self.pipeline.health.ready, timeout, 0.02, "the pipeline to be ready")
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}: {self.pipeline.health}") from None
 
     def stage_stats(self, ready: Callable[[list[dict]], bool], timeout: float = 10.0) -> list[dict]:
         """Per-stage figures from the stages' PONGs, once `ready(stats)` holds (they arrive every 0.5 s)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            stats = [dict(s.stats) for s in self.pipeline.health.stages]
-            if ready(stats) or time.monotonic() > deadline:
-                return stats
-            time.sleep(0.05)
+        def stats() -> list[dict] | None:
+            got = [dict(s.stats) for s in self.pipeline.health.stages]
+            return got if ready(got) else None
+
+        return wait_until(stats, timeout, 0.05, "per-stage figures from the stages' PONGs")
 
     def generate(self, prompt: list[int], max_tokens: int, **params: object):
         """Submit and return the Generation handle."""

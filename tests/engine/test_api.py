@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import openai
 import pytest
@@ -164,14 +163,10 @@ def test_models_is_503_until_the_pipeline_is_ready(model_factory, tmp_path):
     cluster._spawn("coordinator", ["coordinator", "--config", str(cluster.config_path), "--node-id", "coordinator",
                                    "--model", str(model), "--port", str(cluster.http_port)])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                r = requests.get(cluster.base_url + "/v1/models", timeout=2)
-                break
-            except requests.ConnectionError:
-                assert time.monotonic() < deadline, cluster.output("coordinator")
-                time.sleep(0.1)
+        # A list: a 503 Response is falsy, and any answer is what is awaited here.
+        [r] = cluster.procs["coordinator"].wait_ready(
+            lambda: [requests.get(cluster.base_url + "/v1/models", timeout=2)], "an answer on /v1/models", 30,
+            interval=0.1, ignore=(requests.ConnectionError,))
         assert r.status_code == 503
         health = requests.get(cluster.base_url + "/health", timeout=2)
         assert health.status_code == 503 and health.json()["status"] == "starting"

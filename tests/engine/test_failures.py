@@ -13,6 +13,8 @@ import time
 import pytest
 import requests
 
+from orchestrator.proc import WaitTimeout, wait_until
+
 from .harness import InTestCoordinator
 
 
@@ -54,7 +56,7 @@ def test_losing_a_stage_fails_in_flight_requests_quickly(slow_model, launch, how
     other = threading.Thread(target=non_streaming)
     other.start()
     assert first.wait(30), cluster.output("coordinator")
-    time.sleep(0.3)
+    wait_until(lambda: _health(cluster)["in_flight"] == 2, 30, 0.02, "both requests in flight")
     lost_at = time.monotonic()
     cluster.kill("stage-1", signal.SIGKILL if how == "killed" else signal.SIGSTOP)
     try:
@@ -84,11 +86,9 @@ def test_pipeline_recovers_when_the_stage_comes_back(model_factory, launch):
     body = {"model": model.name, "prompt": [5, 6, 7], "max_tokens": 8, "temperature": 0}
     before = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
     cluster.kill("stage-1")
-    cluster.procs["stage-1"].wait(10)
-    deadline = time.monotonic() + 10
-    while requests.get(cluster.base_url + "/health", timeout=5).json()["status"] != "unhealthy":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    assert cluster.procs["stage-1"].wait_exit(10)
+    wait_until(lambda: requests.get(cluster.base_url + "/health", timeout=5).json()["status"] == "unhealthy", 10,
+               message="the coordinator to notice the lost stage")
     cluster._spawn("stage-1", ["stage", "--config", str(cluster.config_path), "--node-id", "stage-1",
                                "--model", str(model)])
     cluster.wait_ready(60)
@@ -133,11 +133,16 @@ def _health(cluster) -> dict:
 
 
 def _wait_health(cluster, predicate, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while not predicate(h := _health(cluster)):
-        assert time.monotonic() < deadline, h
-        time.sleep(0.1)
-    return h
+    last: dict = {}
+
+    def matching() -> dict | None:
+        last.update(_health(cluster))
+        return dict(last) if predicate(last) else None
+
+    try:
+        return wait_until(matching, timeout, 0.1, "a /health document that matches")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}: {last}") from None
 
 
 def test_a_wedged_stage_fails_requests_and_is_named_with_its_progress(test_model_dir, launch):

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from orchestrator.engine.local import LocalPipeline
-from tests.support.wait import wait_for
+from orchestrator.proc import wait_until
 
 HEADER_TIMEOUT = 3.0
 MAX_CONNECTIONS = 200
@@ -198,12 +198,12 @@ def test_a_non_streaming_client_that_hangs_up_cancels_its_generation(served):
     sock = socket.create_connection(("127.0.0.1", cluster.http_port), timeout=10)
     sock.sendall(_post_head("/v1/completions", f"Content-Length: {len(body)}\r\n") + body)
     in_flight = lambda: requests.get(cluster.base_url + "/health", timeout=10).json()["in_flight"]  # noqa: E731
-    wait_for(lambda: in_flight() == 1, 30, "the generation to start")
+    wait_until(lambda: in_flight() == 1, 30, message="the generation to start")
     t0 = time.monotonic()
     sock.close()
-    wait_for(lambda: in_flight() == 0, 60, "the slot to be free")
+    wait_until(lambda: in_flight() == 0, 60, message="the slot to be free")
     took = time.monotonic() - t0
-    wait_for(lambda: _metric(cluster, gone) == gone_before + 1, 10, "the request counted as 499")
+    wait_until(lambda: _metric(cluster, gone) == gone_before + 1, 10, message="the request counted as 499")
     tokens = _metric(cluster, generated) - before
     print(f"slot freed {took:.2f} s after the client left; {tokens:.0f} tokens generated "
           f"(the whole generation: {full})")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.local import free_port, write_config
+from orchestrator.engine.local import write_config
+from orchestrator.proc import free_port
 from orchestrator.models.families import build_family_model
 
 MODEL_INVALID = 4  # stage_main's exit status for a model it cannot load

@@ -45,6 +45,7 @@ from orchestrator.engine.wire import (
     FrameError,
     Kind,
 )
+from orchestrator.proc import WaitTimeout, wait_until
 
 from .harness import InTestCoordinator, assert_same, reference
 
@@ -75,7 +76,7 @@ class Live:
         self.launches = 0
 
     def get(self) -> LocalPipeline:
-        if self.cluster is None or any(p.poll() is not None for p in self.cluster.procs.values()):
+        if self.cluster is None or any(not p.alive() for p in self.cluster.procs.values()):
             if self.cluster is not None:
                 self.cluster.stop()
             self.launches += 1
@@ -110,18 +111,19 @@ def log_mark(cluster: LocalPipeline, name: str) -> int:
 
 def wait_for_log(cluster: LocalPipeline, name: str, *needles: str, since: int = 0, timeout: float = 10.0) -> str:
     """Poll the stage's log until a line (after line `since`) contains every needle; returns it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for line in log_text(cluster, name).splitlines()[since:]:
-            if all(n in line for n in needles):
-                return line
-        assert time.monotonic() < deadline, f"no log line with {needles} in {name}:\n{cluster.output(name)}"
-        time.sleep(0.02)
+    def matching() -> str | None:
+        return next((line for line in log_text(cluster, name).splitlines()[since:]
+                     if all(n in line for n in needles)), None)
+
+    try:
+        return wait_until(matching, timeout, 0.02, f"a log line with {needles} in {name}")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}:\n{cluster.output(name)}") from None
 
 
 def assert_alive(cluster: LocalPipeline) -> None:
     for name, proc in cluster.procs.items():
-        assert proc.poll() is None, f"{name} exited with {proc.returncode}:\n{cluster.output(name, tail=60)}"
+        assert proc.alive(), f"{name} {proc.describe_exit()}:\n{cluster.output(name, tail=60)}"
 
 
 def assert_serves(live: Live, cluster: LocalPipeline) -> None:
@@ -389,8 +391,9 @@ class Fuzzer:
 
     def _context(self) -> str:
         proc = self.cluster.procs[self.name]
-        state = "alive" if proc.poll() is None else f"EXITED with {proc.returncode}"
-        note = "" if proc.poll() is None else (" (the example Hypothesis reports may only be the first to notice:"
+        alive = proc.alive()
+        state = "alive" if alive else f"EXITED ({proc.describe_exit()})"
+        note = "" if alive else (" (the example Hypothesis reports may only be the first to notice:"
                                                 " the log says which frame killed it)")
         return f"{self.name} is {state}{note}; its log ends:\n{self.cluster.output(self.name, tail=30)}"
 

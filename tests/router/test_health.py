@@ -7,6 +7,7 @@ import time
 
 from orchestrator import logs
 from orchestrator.router.config import BackendConfig, HealthChecks
+from orchestrator.proc import wait_until
 from orchestrator.router.health import BackendHealth, HealthChecker, ProbeResult, next_delay, observe
 
 S = HealthChecks(interval=10, unhealthy_threshold=3, healthy_threshold=2)
@@ -68,10 +69,7 @@ def test_checker_probes_new_backends_at_once_keeps_health_across_reload_and_drop
     checker.configure((a,), settings)
     checker.start()
     try:
-        deadline = time.monotonic() + 3
-        while checker.snapshot()["a"].state != "healthy":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: checker.snapshot()["a"].state == "healthy", 3, 0.01, "backend a to be healthy")
         b = BackendConfig(name="b", url="http://b:1")
         checker.configure((a, b), settings)  # a reload that adds b
         assert checker.snapshot()["a"].state == "healthy"
@@ -81,22 +79,31 @@ def test_checker_probes_new_backends_at_once_keeps_health_across_reload_and_drop
         assert set(snap) == {"b"} and snap["b"].state == "starting"
         with lock:
             calls.clear()
-        time.sleep(0.35)
+        wait_until(lambda: len(calls) >= 2, 5, 0.01, "b's new URL to be probed twice")
         with lock:
-            assert calls and set(calls) == {"http://b:2"}
+            assert set(calls) == {"http://b:2"}, calls  # the removed a and b's old URL are never probed again
     finally:
         checker.stop()
 
 
 def test_disabled_checks_make_every_backend_routable_without_probing():
+    # The prober runs on the checker's pool, which turns any exception into a failed probe:
+    # it records its calls, and the test asserts on them in its own thread.
+    calls: list[str] = []
+
     def prober(url: str, s: HealthChecks) -> ProbeResult:
-        raise AssertionError("no probe when health checks are disabled")
+        calls.append(url)
+        return OK
 
     checker = HealthChecker(logs.get("test"), prober)
-    checker.configure((BackendConfig(name="a", url="http://a:1"),), HealthChecks(enabled=False, interval=0.05))
+    a = BackendConfig(name="a", url="http://a:1")
+    checker.configure((a,), HealthChecks(enabled=False, interval=0.05))
     checker.start()
     try:
-        time.sleep(0.2)
         assert checker.snapshot()["a"].routable
+        time.sleep(0.2)  # an absence needs a window: four probe intervals in which nothing may happen
+        assert calls == [] and checker.snapshot()["a"].routable
+        checker.configure((a,), HealthChecks(enabled=True, interval=0.05))  # the same checker does probe when enabled
+        wait_until(lambda: calls, 5, 0.01, "a probe once checks are enabled")
     finally:
         checker.stop()

@@ -21,7 +21,8 @@ import pytest
 import requests
 
 from orchestrator.engine.local import LocalPipeline
-from tests.support.router import wait_until, write_yaml
+from orchestrator.proc import wait_until
+from tests.support.router import write_yaml
 
 BODY = json.dumps({"model": "shared", "prompt": "hello", "max_tokens": 32, "temperature": 0}).encode()
 
@@ -43,7 +44,7 @@ def router(small, start_router, tmp_path: Path):
                           "healthy_threshold": 1, "endpoint": "/v1/models"},
     })
     r = start_router(cfg)
-    wait_until(lambda: (r.backend("small") or {}).get("routable"), 20, "the backend to be healthy")
+    wait_until(lambda: (r.backend("small") or {}).get("routable"), 20, message="the backend to be healthy")
     return r
 
 
@@ -85,7 +86,7 @@ def test_a_burst_past_capacity_is_answered_200_or_429_with_retry_after(small, ro
     _check(_burst(small.http_port, 200), 200, "coordinator")
     _check(_burst(router.port, 200), 200, "router")
     print(f"both bursts answered in {time.monotonic() - t0:.1f} s")
-    assert small.procs["coordinator"].poll() is None and router.proc.poll() is None
+    assert small.procs["coordinator"].alive() and router.proc.alive()
 
 
 def test_router_hardening(router):

@@ -20,7 +20,8 @@ from typing import Iterator
 import pytest
 import requests
 
-from tests.support.router import wait_until, write_yaml
+from orchestrator.proc import wait_until
+from tests.support.router import write_yaml
 
 EVENTS = [b'data: {"n": 1, "text": "caf\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
 GAP = 0.4  # seconds between two events of the scripted stream
@@ -87,7 +88,7 @@ def router(scripted, start_router, tmp_path: Path):
     cfg = write_yaml(tmp_path / "router.yaml", {"backends": [{"name": "s", "url": url, "models": ["scripted"]}],
                                                 "health_checks": {"interval": "0.2s", "healthy_threshold": 1}})
     r = start_router(cfg)
-    wait_until(lambda: r.models() == ["scripted"], 5, "the scripted backend to be healthy")
+    wait_until(lambda: r.models() == ["scripted"], 5, message="the scripted backend to be healthy")
     return r
 
 

@@ -17,10 +17,12 @@ import openai
 import pytest
 import requests
 
-from orchestrator.engine.local import LocalPipeline, free_port
+from orchestrator.engine.local import LocalPipeline
+from orchestrator.proc import free_port
 from orchestrator.registrar import ConfigFileRegistrar
 
-from tests.support.router import served_requests, wait_until, write_yaml
+from orchestrator.proc import wait_until
+from tests.support.router import served_requests, write_yaml
 
 CHAT = {"messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8, "temperature": 0}
 
@@ -69,7 +71,7 @@ def _sse_events(base_url: str) -> list[dict]:
 def test_two_coordinators_share_traffic_and_streams_pass_through(coordinators, start_router, tmp_path):
     a, b = coordinators
     router, _ = _router_with(tmp_path, start_router, {"a": a, "b": b})
-    wait_until(lambda: _healthy(router, {"a", "b"}), 10, "both coordinators to be healthy")
+    wait_until(lambda: _healthy(router, {"a", "b"}), 10, message="both coordinators to be healthy")
     assert router.models() == ["shared"]
 
     before = [served_requests(a.base_url), served_requests(b.base_url)]
@@ -91,7 +93,7 @@ def test_two_coordinators_share_traffic_and_streams_pass_through(coordinators, s
 def test_errors_from_a_coordinator_pass_through_unchanged(coordinators, start_router, tmp_path):
     a, _ = coordinators
     router, _ = _router_with(tmp_path, start_router, {"a": a})
-    wait_until(lambda: _healthy(router, {"a"}), 10, "the coordinator to be healthy")
+    wait_until(lambda: _healthy(router, {"a"}), 10, message="the coordinator to be healthy")
     bad = {"model": "shared", **CHAT, "max_tokens": 0}
     direct = requests.post(a.base_url + "/v1/chat/completions", json=bad, timeout=30)
     routed = requests.post(router.url + "/v1/chat/completions", json=bad, timeout=30)
@@ -103,10 +105,10 @@ def test_a_deregistered_backend_stops_receiving_traffic_within_one_interval(coor
     a, b = coordinators
     interval = 0.5
     router, reg = _router_with(tmp_path, start_router, {"a": a, "b": b}, interval=f"{interval}s")
-    wait_until(lambda: _healthy(router, {"a", "b"}), 10, "both coordinators to be healthy")
+    wait_until(lambda: _healthy(router, {"a", "b"}), 10, message="both coordinators to be healthy")
     t0 = time.monotonic()
     reg.deregister("b")
-    wait_until(lambda: router.backend("b") is None, 5, "the router to drop backend b")
+    wait_until(lambda: router.backend("b") is None, 5, message="the router to drop backend b")
     took = time.monotonic() - t0
     assert took < interval, f"backend b still routed {took:.2f} s after deregistration"
 
@@ -129,7 +131,7 @@ def test_a_warming_backend_gets_no_traffic_until_ready(test_model_dir, start_rou
         router = start_router(cfg)
         ConfigFileRegistrar(cfg).register("late", late.base_url, ["late"])
         wait_until(lambda: (router.backend("late") or {}).get("state") == "warming", 15,
-                   f"the router to see the coordinator warming:\n{late.output('coordinator')}")
+                   message=f"the router to see the coordinator warming:\n{late.output('coordinator')}")
         entry = router.backend("late")
         assert entry["last_status"] == 503 and not entry["routable"]
         assert router.models() == []
@@ -144,7 +146,7 @@ def test_a_warming_backend_gets_no_traffic_until_ready(test_model_dir, start_rou
                                 "--model", str(test_model_dir), "--threads", "1"])
         late.wait_ready(60)
         ready_at = time.monotonic()
-        wait_until(lambda: router.models() == ["late"], 5, "the router to list the ready model")
+        wait_until(lambda: router.models() == ["late"], 5, message="the router to list the ready model")
         # healthy_threshold=2 successes, re-checked every 0.5 s while not healthy
         assert time.monotonic() - ready_at < 2.0
         reply = _client(router.url).chat.completions.create(model="late", **CHAT)
@@ -162,7 +164,7 @@ def test_unknown_model_is_404_and_no_healthy_backend_is_503(coordinators, start_
         "health_checks": {"interval": "0.2s"}})
     router = start_router(cfg)
     wait_until(lambda: (router.backend("gone") or {}).get("state") == "unhealthy", 10,
-               "the dead backend to be unhealthy")
+               message="the dead backend to be unhealthy")
     client = _client(router.url)
     with pytest.raises(openai.NotFoundError) as exc:
         client.chat.completions.create(model="no-such-model", **CHAT)
@@ -204,12 +206,12 @@ def test_hot_reload_applies_valid_changes_and_keeps_the_old_config_on_invalid_on
                                                                                  tmp_path):
     a, b = coordinators
     router, reg = _router_with(tmp_path, start_router, {"a": a}, interval="0.2s")
-    wait_until(lambda: _healthy(router, {"a"}), 10, "backend a to be healthy")
+    wait_until(lambda: _healthy(router, {"a"}), 10, message="backend a to be healthy")
     cfg = router.config_path
     good = cfg.read_text()
 
     cfg.write_text(good + "backends: [ {name: broken\n")  # a half-edited file
-    wait_until(lambda: router.health()["config"]["error"], 5, "the router to report the invalid file")
+    wait_until(lambda: router.health()["config"]["error"], 5, message="the router to report the invalid file")
     assert "not valid YAML" in router.health()["config"]["error"]
     assert [x["name"] for x in router.health()["backends"]] == ["a"]
     assert _client(router.url).chat.completions.create(model="shared", **CHAT).choices[0].message.content
@@ -217,12 +219,12 @@ def test_hot_reload_applies_valid_changes_and_keeps_the_old_config_on_invalid_on
 
     cfg.write_text(good.replace("unhealthy_threshold: 3", "unhealthy_threshold: zero"))  # valid YAML, bad value
     wait_until(lambda: "unhealthy_threshold" in (router.health()["config"]["error"] or ""), 5,
-               "the router to reject the bad value")
+               message="the router to reject the bad value")
     assert router.health()["health_checks"]["unhealthy_threshold"] == 3
 
     cfg.write_text(good)
     reg.register("b", b.base_url, ["shared"])
-    wait_until(lambda: _healthy(router, {"a", "b"}), 10, "backend b to join after the fix")
+    wait_until(lambda: _healthy(router, {"a", "b"}), 10, message="backend b to join after the fix")
     assert router.health()["config"]["error"] is None
 
 

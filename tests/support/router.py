@@ -1,31 +1,18 @@
-"""A real `pipeserve router` subprocess for tests, and small polling helpers."""
+"""A real `pipeserve router` subprocess for tests, and small helpers around routers."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import time
-from collections.abc import Callable
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import requests
 import yaml
 
+from orchestrator.proc import ChildProcess, free_port
 
 STARTUP_TIMEOUT = 15.0
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, step: float = 0.02) -> float:
-    """Poll until predicate() is truthy; returns the seconds it took, fails the test after timeout."""
-    start = time.monotonic()
-    while True:
-        if predicate():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"timed out after {timeout:.1f} s waiting for {what}")
-        time.sleep(step)
 
 
 def write_yaml(path: Path, doc: dict) -> Path:
@@ -45,17 +32,32 @@ def served_requests(base_url: str) -> int:
 class RouterProc:
     """A running `pipeserve router`."""
 
-    proc: subprocess.Popen
+    proc: ChildProcess
     port: int
-    log_path: Path
     config_path: Path
+
+    @classmethod
+    def start(cls, config_path: Path, log_path: Path, reload_interval: float = 0.2) -> "RouterProc":
+        """Start a router on a free port and wait until its /health answers (ChildError otherwise)."""
+        port = free_port()
+        proc = ChildProcess.spawn("router", [sys.executable, "-m", "orchestrator.cli", "router", "--config",
+                                             str(config_path), "--port", str(port), "--reload-interval",
+                                             str(reload_interval)], log_path)
+        router = cls(proc, port, config_path)
+        try:
+            proc.wait_ready(lambda: requests.get(router.url + "/health", timeout=1).status_code == 200,
+                            "an answer on /health", STARTUP_TIMEOUT, ignore=(requests.RequestException,))
+        except BaseException:
+            proc.stop()
+            raise
+        return router
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.proc.output(200)
 
     def health(self) -> dict:
         return requests.get(self.url + "/health", timeout=5).json()
@@ -65,5 +67,3 @@ class RouterProc:
 
     def models(self) -> list[str]:
         return [m["id"] for m in requests.get(self.url + "/v1/models", timeout=5).json()["data"]]
-
-
