@@ -3,7 +3,7 @@ the agents start stages and coordinators) on free ports of 127.0.0.1, and Debian
 driven by Playwright.
 
 One stack and one browser serve a whole module: its tests are the ordered steps of one
-walk through DESIGN §1, and a failed step skips the steps after it (`incremental`).
+walk through the `make demo` flow (README "Two commands"), and a failed step skips the steps after it (`incremental`).
 Screenshots go to artifacts/e2e/ (a failed step leaves FAILED-<test>.png there too).
 """
 

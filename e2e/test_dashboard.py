@@ -1,4 +1,5 @@
-"""The whole of DESIGN §1 in real Chromium, over real processes, in nine ordered steps.
+"""The whole `make demo` walk-through (README "Two commands") in real Chromium, over real
+processes, in nine ordered steps.
 
 An admin logs in, turns distributed serving on, registers three nodes, plans SmolLM2 over
 two of them, prepares it (a real copy from the only node that has it), launches it, chats

@@ -1,4 +1,4 @@
-"""The pipeserve dashboard: a Flask app served beside the router (DESIGN §1).
+"""The pipeserve dashboard: a Flask app served beside the router (README "Dashboard").
 
 `create_app` only wires things together — no thread starts here or at import; the
 orchestrator is created and started by `pipeserve dashboard` (webapp.main).

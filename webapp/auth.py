@@ -1,4 +1,4 @@
-"""Who may watch and who may act (DESIGN §6): an admin token, viewer links, CSRF.
+"""Who may watch and who may act (docs/security.md, "Dashboard"): an admin token, viewer links, CSRF.
 
 The admin token is generated on first start, printed once, and stored only as a hash.
 Admins mint viewer links (also stored hashed). The signed session cookie carries a random

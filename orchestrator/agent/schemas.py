@@ -227,7 +227,7 @@ class StartProcessRequest(_Request):
     cluster_id: str
     node_id: str
     model_id: str
-    config: str = Field(min_length=1, max_length=65_536)  # the cluster TOML (DESIGN §4)
+    config: str = Field(min_length=1, max_length=65_536)  # the cluster TOML (README "Cluster configuration")
     secret: str = Field(min_length=16, max_length=512)  # passed to the child in its environment
     lease_s: float = Field(default=30.0, ge=1.0, le=3600.0)
     http_host: str | None = None  # coordinator only

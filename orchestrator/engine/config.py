@@ -1,4 +1,4 @@
-"""The cluster TOML (DESIGN §4): which node runs which stage, on which address.
+"""The cluster TOML (README "Cluster configuration"): which node runs which stage, on which address.
 
 Pure parsing and validation; the only I/O is reading the file and the secret.
 """

@@ -1,4 +1,4 @@
-"""A Plan as the engine's cluster TOML (DESIGN §4), validated by the engine's own model.
+"""A Plan as the engine's cluster TOML (README "Cluster configuration"), validated by the engine's own model.
 
 Node ids follow the engine's convention: "coordinator" (role hybrid) and "stage-K" (role
 pipeline_stage), so `pipeserve stage --node-id stage-K` finds its entry. The plan's bounds

@@ -1,4 +1,4 @@
-"""Warnings: what a plan allows but a user should weigh before launching (DESIGN §3)."""
+"""Warnings: what a plan allows but a user should weigh before launching (docs/architecture.md, "Lifecycle")."""
 
 from __future__ import annotations
 

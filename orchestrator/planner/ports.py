@@ -41,7 +41,7 @@ def allocate_ports(nodes: Sequence[NodeFacts], settings: PlanSettings) -> tuple[
     """The lowest free ports in range for every node, nodes on one host never sharing a port.
 
     On the first node the lowest goes to the coordinator's identity, the next to stage 0 and
-    the third to HTTP (as in DESIGN §4's example: coordinator 39600, stage-0 39601). Returns
+    the third to HTTP (as in the README's cluster configuration: coordinator 39600, stage-0 39601). Returns
     the allocation, or None and one issue per node that lacks ports.
     """
     if not nodes:

@@ -1,6 +1,6 @@
 """Router registrars: put a cluster's coordinator into an LLM router, and take it out.
 
-`ConfigFileRegistrar` edits the router's YAML (the default, DESIGN §5); `AdminApiRegistrar`
+`ConfigFileRegistrar` edits the router's YAML (the default; docs/router.md); `AdminApiRegistrar`
 calls continuum-router's admin REST API. `registrar_from_settings` builds either from the
 orchestrator's configuration.
 """

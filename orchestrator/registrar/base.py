@@ -1,6 +1,6 @@
 """The registrar interface: how the orchestrator tells an LLM router about a cluster.
 
-A cluster is ONE router backend (DESIGN §5): its name, the coordinator's URL, the models
+A cluster is ONE router backend (docs/router.md): its name, the coordinator's URL, the models
 it serves and a weight. Registering the same name again replaces the entry; removing a
 name that is not there is not an error — so a retried launch or teardown is always safe.
 """

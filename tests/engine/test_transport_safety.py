@@ -1,4 +1,4 @@
-"""The stage transport against hostile input, on LIVE stage processes (DESIGN §4, §6).
+"""The stage transport against hostile input, on LIVE stage processes (docs/security.md, "Stages").
 
 Every connection must prove the cluster secret; a malformed frame closes that connection
 and is logged; whatever arrives, the stage keeps serving its cluster. After each test both

@@ -41,7 +41,7 @@ def test_engine_version_marks_missing_packages() -> None:
 
 
 def test_coordinator_node_gets_three_ports_in_design_order() -> None:
-    """Coordinator identity first, then stage 0, then HTTP (DESIGN §4: coordinator 39600, stage-0 39601)."""
+    """Coordinator identity first, then stage 0, then HTTP (README: coordinator 39600, stage-0 39601)."""
     allocation, issues = allocate_ports([node(0), node(1)], PlanSettings())
     assert issues == [] and allocation is not None
     assert (allocation.coordinator_port, allocation.stage_ports, allocation.http_port) == (39600, (39601, 39600), 39602)
