@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..models.describe import ModelDescription
 from .names import check_id, check_model_id, check_relpath
+from .perf_schemas import ComputeProfile, LinkSample, NetInterface
 
 API_VERSION = 1
 MAX_MANIFEST_FILES = 10_000
@@ -330,3 +331,7 @@ class Report(BaseModel):
     models: list[ModelInfo]
     processes: list[ProcessInfo]
     downloads: list[DownloadInfo]
+    # Performance facts (agent/perf_schemas.py); empty from agents that predate them.
+    interfaces: list[NetInterface] = []
+    links: list[LinkSample] = []  # the last measurement to each peer it was asked to probe
+    compute: list[ComputeProfile] = []  # cached timings of its models' layers
