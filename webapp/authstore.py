@@ -179,6 +179,16 @@ class AuthStore:
             s = self._read().get("sessions", {}).get(sid)
         return s["role"] if s and s["expires"] > self._clock() else None
 
+    def session_owner(self, sid: str | None) -> str | None:
+        """Who a live session belongs to: "admin" or "viewer:<link id>"; None when not live."""
+        if not sid:
+            return None
+        with self._lock:
+            s = self._read().get("sessions", {}).get(sid)
+        if not s or s["expires"] <= self._clock():
+            return None
+        return "admin" if s["role"] == "admin" else f"viewer:{s.get('viewer')}"
+
     def close_session(self, sid: str | None) -> None:
         """End a session (log out)."""
         if not sid:

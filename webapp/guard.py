@@ -15,6 +15,7 @@ from flask import Flask, Response, abort, request
 
 WS_PATHS = ("/ws", "/ws/events")
 WS_PER_SESSION = 8  # a browser tab holds one; more than 8 open tabs of one session is a runaway script
+WS_PER_USER = 64  # one viewer link (or the admin token) over all its sessions: a link cannot take them all
 WS_TOTAL = 1000  # all sessions together: bounds the worker's memory whatever the number of logins
 
 # 'self' only for scripts (the vendored htmx and our two files; no inline script, no eval).
@@ -68,36 +69,46 @@ def same_origin(origin: str | None, host: str) -> bool:
 class LiveSlots:
     """Counts open websockets per session and in all; refuses beyond the caps."""
 
-    def __init__(self, per_key: int = WS_PER_SESSION, total: int = WS_TOTAL) -> None:
-        self.per_key, self.total = per_key, total
+    def __init__(self, per_session: int = WS_PER_SESSION, per_user: int = WS_PER_USER,
+                 total: int = WS_TOTAL) -> None:
+        self.per_session, self.per_user, self.total = per_session, per_user, total
         self._lock = threading.Lock()
-        self._held: dict[str, int] = {}
+        self._sessions: dict[str, int] = {}
+        self._users: dict[str, int] = {}
+        self._open = 0
 
     @contextmanager
-    def hold(self, key: str) -> Iterator[str | None]:
-        """Yield None with a slot held for `key`, or the refusal message when none is free."""
+    def hold(self, session: str, user: str) -> Iterator[str | None]:
+        """Yield None with a slot held for `session` of `user`, or the refusal message."""
         with self._lock:
-            if sum(self._held.values()) >= self.total:
+            if self._open >= self.total:
                 refusal: str | None = f"too many live connections to this dashboard ({self.total}): try again later"
-            elif self._held.get(key, 0) >= self.per_key:
-                refusal = (f"too many live connections for this session ({self.per_key}): "
+            elif self._users.get(user, 0) >= self.per_user:
+                whose = "viewer link" if user.startswith("viewer:") else "admin token"
+                refusal = f"too many live connections for this {whose} ({self.per_user}): close some dashboard tabs"
+            elif self._sessions.get(session, 0) >= self.per_session:
+                refusal = (f"too many live connections for this session ({self.per_session}): "
                            "close other dashboard tabs")
             else:
                 refusal = None
-                self._held[key] = self._held.get(key, 0) + 1
+                self._open += 1
+                self._sessions[session] = self._sessions.get(session, 0) + 1
+                self._users[user] = self._users.get(user, 0) + 1
         try:
             yield refusal
         finally:
             if refusal is None:
                 with self._lock:
-                    self._held[key] -= 1
-                    if not self._held[key]:
-                        del self._held[key]
+                    self._open -= 1
+                    for counts, key in ((self._sessions, session), (self._users, user)):
+                        counts[key] -= 1
+                        if not counts[key]:
+                            del counts[key]
 
     def count(self) -> int:
         """Open websockets now."""
         with self._lock:
-            return sum(self._held.values())
+            return self._open
 
 
 def install(app: Flask) -> None:

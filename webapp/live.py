@@ -49,19 +49,23 @@ def _scrub(obj: Any) -> Any:
     return obj
 
 
-def _credential(allow_token: bool) -> tuple[str, Callable[[], bool]] | None:
-    """(slot key, still-valid check) for this socket's session or token; None without one.
+def _credential(allow_token: bool) -> tuple[str, str, Callable[[], bool]] | None:
+    """(session key, user key, still-valid check) for this socket's session or token; None
+    without one.
 
     The check reads the auth store (a stat, a re-read when it changed), so a session ended
     by another request or by `--reset-admin-token` is noticed within one POLL.
     """
     store = current_services().auth
     sid = auth.session_key()
-    if sid:
-        return sid, lambda: store.session_role(sid) is not None
+    user = store.session_owner(sid)
+    if sid and user:
+        return sid, user, lambda: store.session_role(sid) is not None
     token = bearer_token() if allow_token else ""
-    if token and store.role_for(token):
-        return "token:" + auth.digest(token), lambda: store.role_for(token) is not None
+    who = store.identify(token) if token else None
+    if who:
+        user = "admin" if who[0] == "admin" else f"viewer:{who[1]}"
+        return "token:" + auth.digest(token), user, lambda: store.role_for(token) is not None
     return None
 
 
@@ -73,9 +77,9 @@ def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
     if cred is None:
         ws.close(ENDED, refusal)
         return
-    key, valid = cred
+    session, user, valid = cred
     orch = current_services().orchestrator
-    with live_slots(current_app).hold(key) as too_many:
+    with live_slots(current_app).hold(session, user) as too_many:
         if too_many:
             ws.close(TOO_MANY, too_many)
             return

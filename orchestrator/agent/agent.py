@@ -11,9 +11,12 @@ from pathlib import Path
 from .. import __version__
 from ..httpkit import Server
 from ..logs import EventLogger
+from . import netif
 from . import report as node_report
+from .compute import ComputeProfiler
 from .discovery import Advertiser
 from .inventory import Inventory
+from .linkprobe import LinkProber
 from .processes import ProcessManager
 from .schemas import Identity, Report
 from .server import make_server
@@ -55,6 +58,8 @@ class Agent:
                                                          "demo": partial(import_demo, log=log)},
                                    users=self.processes.users)
         self.limiter = RateLimiter(config.upload_limit) if config.upload_limit else None
+        self.compute = ComputeProfiler(self.inventory, config.state_dir, log)  # timed layers, per model
+        self.links = LinkProber(log, netif.interfaces)  # measured links to peers
         self.accelerator = node_report.detect_accelerator()  # fixed for the agent's life
         self.server: Server | None = None
         self.advertiser: Advertiser | None = None
@@ -79,14 +84,15 @@ class Agent:
             memory=node_report.memory(self.config.memory_budget, self.processes.rss()),
             disk_free_bytes=shutil.disk_usage(self.inventory.root).free,
             transport_ports=node_report.free_ports(self.config.host, lo, hi),
-            models=self.inventory.list(), processes=self.processes.list(), downloads=self.downloads.list())
+            models=self.inventory.list(), processes=self.processes.list(), downloads=self.downloads.list(),
+            interfaces=netif.interfaces(), links=self.links.links(), compute=self.compute.profiles())
 
     def start(self) -> None:
         """Adopt surviving processes, bind the API, start the reaper (then call `advertise`)."""
         self.processes.adopt()
         self.server = make_server(self)
         serve = partial(self.server.serve_forever, poll_interval=0.05)  # prompt shutdown
-        for target, name in ((serve, "http"), (self._reap, "reaper")):
+        for target, name in ((serve, "http"), (self._reap, "reaper"), (self._measure_links, "links")):
             t = threading.Thread(target=target, daemon=True, name=f"agent-{name}")
             t.start()
             self._threads.append(t)
@@ -116,6 +122,14 @@ class Agent:
                     self.advertiser.update_models(self.inventory.ids())
             except Exception:  # keep enforcing leases whatever one round hit
                 self.log.error("agent.reaper_error", exc_info=True)
+
+    def _measure_links(self) -> None:
+        """Re-measure the links to the peers last asked about, when their period is up."""
+        while not self._stop.wait(1.0):
+            try:
+                self.links.tick()
+            except Exception:  # a failed round must not end the periodic measurement
+                self.log.error("agent.links_error", exc_info=True)
 
     def wait(self) -> None:
         """Block until `shutdown` is requested (by a signal handler)."""

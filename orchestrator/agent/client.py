@@ -17,6 +17,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from .hub import HubListing
 
+from .perf_schemas import LinkList, LinkSample, MeasureLinksRequest, ProfileStatus
 from .schemas import (CheckResult, DownloadInfo, DownloadList, Identity, LeaseResponse, LogsResponse, Manifest,
                       ModelInfo, ModelList, PairResponse, ProcessInfo, ProcessList, Report, StartProcessRequest,
                       TicketResponse)
@@ -175,6 +176,26 @@ class AgentClient:
             if time.monotonic() > deadline:
                 raise AgentError(408, f"download of {model_id} still running after {timeout:.0f} s", "timeout")
             time.sleep(poll_s)
+
+    # --- links and compute (perf_routes.py) ----------------------------------------
+
+    def links_ticket(self, ttl_s: int = 3600) -> str:
+        """A probe ticket for this node, to hand to the peers that measure their link to it."""
+        return self._call("POST", "/v1/links/tickets", {"ttl_s": ttl_s})["ticket"]
+
+    def measure_links(self, peers: list[dict[str, Any]], **options: Any) -> list[LinkSample]:
+        """Probe these peers ({node_id, name, url, ticket}) now, and periodically from then on."""
+        body = MeasureLinksRequest.model_validate({"peers": peers, **options})
+        return self._call("POST", "/v1/links/measure", body, LinkList, timeout=max(self.timeout, 60.0)).links
+
+    def links(self) -> list[LinkSample]:
+        """The last measurement to each peer."""
+        return self._call("GET", "/v1/links", model=LinkList).links
+
+    def profile(self, model_id: str, start: bool = False, force: bool = False) -> ProfileStatus:
+        """The timing of a model's layers on this node; `start` times it when not cached."""
+        return self._call("POST" if start else "GET", f"/v1/models/{_q(model_id)}/profile",
+                          params={"force": "1"} if force else None, model=ProfileStatus)
 
     # --- processes -----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed, route
 from .inventory import ModelNotFound
 from .names import InvalidName, check_id, check_model_id
+from .perf_routes import routes as perf_routes, ticket_allows
 from .processes import ProcessError
 from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, HubSource, LeaseRequest, LeaseResponse,
                       LogsResponse, ModelList, PairRequest, PairResponse, ProcessList, StartProcessRequest,
@@ -198,6 +199,7 @@ def build_routes(agent: "Agent") -> list[Route]:
         ("GET", PROC + r"/logs", logs, "credential"),
         ("POST", r"/v1/leases/" + ID.format("cluster_id"), lease, "credential"),
     ]
+    table += perf_routes(agent)  # links and compute (perf_routes.py)
     return [route(method, pattern, _errors(fn), access) for method, pattern, fn, access in table]
 
 
@@ -261,7 +263,7 @@ def make_server(agent: "Agent") -> Server:
         if caller is None:
             raise _unauthorized("missing or invalid credential: pair with POST /v1/pair, then send "
                                 "'Authorization: Bearer <credential>'", "unauthorized")
-        if caller.kind == "ticket" and (access != "file" or request.params.get("model_id") != caller.model_id):
+        if caller.kind == "ticket" and not ticket_allows(caller.model_id, access, request.params.get("model_id")):
             raise OpenAIError(403, f"this ticket only reads the files of model {caller.model_id!r}", code="forbidden")
         request.context["caller"] = caller
 
