@@ -2,10 +2,11 @@
 
 Each socket is re-checked every POLL: when its session ends (log out, a revoked viewer link, a
 reset admin token) it is closed with code 4401, and the page goes to the login page. A
-session holds at most `guard.WS_PER_SESSION` sockets; one more is closed with 4429 and says
-why.
+session holds at most `guard.WS_PER_SESSION` sockets and a viewer link `guard.WS_PER_USER`;
+one more is closed with 4429 and says why.
 
-Each socket has exactly one writer — the thread flask-sock runs the handler on — which
+Each socket has exactly one writer — the greenlet (gevent worker) flask-sock runs the
+handler on — which
 waits on its own subscription to the orchestrator's events and pushes what changed.
 A (re)connecting browser first gets every component it shows, so it is never stale.
 """
