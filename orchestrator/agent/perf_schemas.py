@@ -1,0 +1,87 @@
+"""Wire models of the agent's performance facts: network interfaces, measured links, and
+timed layers (docs/agent-api.md, "Links and compute")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+InterfaceKind = Literal["loopback", "ethernet", "wifi", "thunderbolt", "infiniband", "virtual", "other"]
+
+
+class NetInterface(BaseModel):
+    """One network interface as the OS describes it."""
+
+    name: str
+    kind: InterfaceKind
+    speed_mbps: int | None = None  # what the OS says (/sys/class/net/*/speed); None when it does not
+    rdma: bool = False  # an RDMA device sits on it (/sys/class/infiniband/*/device/net)
+    addresses: list[str] = []
+    up: bool = True
+
+
+class LinkPeer(BaseModel):
+    """A peer to probe: its agent URL and a probe ticket it minted (POST /v1/links/tickets)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node_id: str = Field(min_length=1, max_length=128)
+    name: str = Field(default="", max_length=128)
+    url: str = Field(min_length=1, max_length=256)
+    ticket: str = Field(min_length=1, max_length=256, repr=False)
+
+
+class MeasureLinksRequest(BaseModel):
+    """POST /v1/links/measure: probe these peers now (and every `interval_s` from then on)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    peers: list[LinkPeer] = Field(max_length=32)
+    pings: int = Field(default=8, ge=2, le=50)
+    payload_bytes: int = Field(default=1 << 20, ge=64 << 10, le=1 << 20)  # bounded by the agent's body limit
+    interval_s: float = Field(default=60.0, ge=5.0, le=3600.0)
+
+
+class LinkSample(BaseModel):
+    """This node's last measurement of the link to one peer."""
+
+    node_id: str
+    name: str = ""
+    url: str
+    rtt_ms: float | None = None  # the kernel's TCP round-trip estimate (network only)
+    http_rtt_ms: float | None = None  # a small authenticated request, median (what software adds included)
+    bandwidth_Bps: float | None = None  # from two payload sizes: fixed costs cancel out
+    interface: str = ""  # the local interface the traffic leaves by
+    at: float = 0.0  # unix time
+    error: str | None = None
+
+
+class LinkList(BaseModel):
+    links: list[LinkSample]
+
+
+class ComputeProfile(BaseModel):
+    """This node's timing of one model's layers (planner/perf_inputs.LayerTiming's fields)."""
+
+    model_id: str
+    batch: int = 8
+    layer_ms_b1_solo: float
+    layer_ms_b1: float
+    layer_ms_bB: float
+    head_ms_b1_solo: float = 0.0
+    head_ms_b1: float = 0.0
+    head_ms_bB: float = 0.0
+    prefill_ms_per_token: float
+    prefill_ms_per_token_per_k: float = 0.0
+    threads: tuple[int, int] = (0, 0)  # (base, solo) BLAS threads it ran with; 0 = the library's default
+    at: float = 0.0
+
+
+class ProfileStatus(BaseModel):
+    """GET/POST /v1/models/{id}/profile."""
+
+    model_id: str
+    state: Literal["absent", "running", "done", "failed"]
+    profile: ComputeProfile | None = None
+    error: str | None = None

@@ -1,0 +1,141 @@
+"""Time a model's layers on this machine: `python -m orchestrator.engine.profile --model DIR --out FILE`.
+
+The node agent runs this in a child process (the agent itself never imports mlx) and caches
+the answer per model. It loads the model as two stages — every layer but the last (with the
+embedding), and the last layer with the final norm and head — and times, as a stage runs them:
+- one decode step for one request with every core (what a SOLO step gets), and with the
+  stage's base BLAS threads; one decode step of B requests together (base threads);
+- two consecutive prefill chunks, which give the per-token cost and its growth with the
+  context already cached (attention);
+The last stage's time minus one layer is the head's (norm, head, log-softmax, sampling).
+Prints nothing but errors; writes one JSON object (agent/perf_schemas.ComputeProfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+CONTEXT = 32  # tokens in each cache before decode steps are timed
+REPEATS = 5
+
+
+def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
+    fn()  # warm-up: kernels, buffers
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None]) -> dict[str, float]:
+    """Decode ms at 1 request (solo, base) and at `batch` requests (base) for one StageModel."""
+    import mlx.core as mx
+
+    def inputs(rows: int, length: int) -> list[mx.array]:
+        if model.first:
+            return [mx.zeros((1, length), mx.int32) + (7 + r) for r in range(rows)]
+        return [mx.random.normal((1, length, model.info.hidden_size)).astype(model.dtype) for _ in range(rows)]
+
+    def fresh(rows: int) -> list[list[Any]]:
+        caches = [model.make_cache() for _ in range(rows)]
+        for x, c in zip(inputs(rows, CONTEXT), caches):
+            mx.eval(model.forward(x, c), [e.state for e in c])
+        return caches
+
+    def step(xs: list[mx.array], caches: list[list[Any]]) -> None:
+        outs = model.forward_batch(xs, caches) if len(xs) > 1 else [model.forward(xs[0], caches[0])]
+        if model.last:
+            outs = [model.logprobs(o).argmax(axis=-1) for o in outs]
+        mx.eval(outs, [e.state for c in caches for e in c])
+
+    out = {}
+    for key, rows, solo in (("b1_solo", 1, True), ("b1", 1, False), ("bB", batch, False)):
+        set_threads(solo)
+        caches, xs = fresh(rows), inputs(rows, 1)
+        out[key] = _median_ms(lambda: step(xs, caches))
+    return out
+
+
+def time_prefill(model: Any, chunk: int, set_threads: Callable[[bool], None]) -> tuple[float, float]:
+    """(ms per token at context 0, extra ms per token per 1000 cached tokens) for the stage."""
+    import mlx.core as mx
+
+    set_threads(True)
+    cache = model.make_cache()
+    ids = mx.zeros((1, chunk), mx.int32) + 11 if model.first else \
+        mx.random.normal((1, chunk, model.info.hidden_size)).astype(model.dtype)
+    warm = model.make_cache()
+    mx.eval(model.forward(ids, warm), [e.state for e in warm])
+    times = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        mx.eval(model.forward(ids, cache), [e.state for e in cache])
+        times.append((time.perf_counter() - t0) * 1000 / chunk)
+    # chunk 1 sees on average chunk/2 cached tokens, chunk 2 sees chunk + chunk/2
+    per_k = max(0.0, (times[1] - times[0]) / (chunk / 1000))
+    return max(0.0, times[0] - per_k * chunk / 2000), per_k
+
+
+def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[str, Any]:
+    """The ComputeProfile fields for `model_dir` on this machine."""
+    from . import blas
+
+    base = int(os.environ.get("PIPESERVE_STAGE_THREADS", 0) or 0)
+    solo = int(os.environ.get("PIPESERVE_SOLO_THREADS", 0) or 0)
+    which = blas.preload(base or None, solo or None)  # before mlx is imported
+    from .shard import ModelInfo, StageModel
+
+    def set_threads(is_solo: bool) -> None:
+        if which == "openblas" and base and solo:
+            blas.set_threads(solo if is_solo else base)
+
+    n = ModelInfo.read(model_dir).num_layers
+    body_layers = max(0, min(n - 1, max_layers))
+    per_layer: dict[str, float] = {}
+    prefill = (0.0, 0.0)
+    if body_layers:
+        body = StageModel(model_dir, 0, body_layers)
+        per_layer = {k: v / body_layers for k, v in time_stage(body, batch, set_threads).items()}
+        a, b = time_prefill(body, chunk, set_threads)
+        prefill = (a / body_layers, b / body_layers)
+        del body
+    tail = StageModel(model_dir, n - 1, n)
+    tail_ms = time_stage(tail, batch, set_threads)
+    if not per_layer:  # a one-layer model: the head cannot be told apart
+        per_layer, tail_ms = tail_ms, {k: 0.0 for k in tail_ms}
+        prefill = time_prefill(tail, chunk, set_threads)
+    head = {k: max(0.0, tail_ms[k] - per_layer[k]) for k in tail_ms}
+    return {"batch": batch, "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
+            "layer_ms_bB": per_layer["bB"], "head_ms_b1_solo": head["b1_solo"], "head_ms_b1": head["b1"],
+            "head_ms_bB": head["bB"], "prefill_ms_per_token": prefill[0], "prefill_ms_per_token_per_k": prefill[1],
+            "threads": [base, solo], "at": time.time()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.engine.profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prefill-chunk", type=int, default=256, help="tokens per timed prefill chunk")
+    parser.add_argument("--max-layers", type=int, default=64, help="time at most this many layers (the rest alike)")
+    args = parser.parse_args(argv)
+    try:
+        result = profile(args.model, args.batch, args.prefill_chunk, args.max_layers)
+    except Exception as exc:  # the agent reports the reason
+        print(f"profile failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    args.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

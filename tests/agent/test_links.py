@@ -1,0 +1,99 @@
+"""Links and compute on real agents: probe tickets, measured links, interfaces, timed layers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from orchestrator.agent.client import AgentError
+from orchestrator.agent.netif import describe, linux_kind, linux_speed
+from orchestrator.agent.perf_routes import PROBE_SCOPE, ticket_allows
+from tests.agent.conftest import copy_model
+
+
+@pytest.mark.parametrize("scope, access, model_id, allowed", [
+    (PROBE_SCOPE, "probe", None, True),
+    (PROBE_SCOPE, "file", PROBE_SCOPE, False),  # no model is called ':links', and no file is read with it
+    (PROBE_SCOPE, "credential", None, False),
+    ("m", "probe", None, False),  # a file ticket cannot probe
+    ("m", "file", "m", True),
+    ("m", "file", "other", False),
+])
+def test_ticket_scopes(scope, access, model_id, allowed):
+    assert ticket_allows(scope, access, model_id) is allowed
+
+
+def test_two_agents_measure_their_link_with_probe_tickets(spawn_agent):
+    a, b = spawn_agent("a"), spawn_agent("b")
+    echo = b.url + "/v1/links/echo"
+    assert requests.get(echo, timeout=5).status_code == 401  # like every agent route: credentials
+    ticket = b.client.links_ticket(ttl_s=60)
+    assert requests.get(echo, headers={"Authorization": f"Bearer {ticket}"}, timeout=5).status_code == 200
+    # the probe ticket opens nothing else
+    for path in ("/v1/report", "/v1/models", "/v1/links"):
+        assert requests.get(b.url + path, headers={"Authorization": f"Bearer {ticket}"}, timeout=5).status_code == 403
+    t0 = time.monotonic()
+    [sample] = a.client.measure_links([{"node_id": "b", "name": "b", "url": b.url, "ticket": ticket}],
+                                      interval_s=5)
+    assert time.monotonic() - t0 < 30  # small, bounded probes
+    assert sample.error is None, sample.error
+    assert 0 < sample.http_rtt_ms < 200 and sample.bandwidth_Bps > 1e6
+    assert sample.rtt_ms is None or 0 < sample.rtt_ms < 50
+    assert sample.interface.startswith("lo (loopback")
+    report = a.client.report()
+    assert [s.node_id for s in report.links] == ["b"]
+    assert any(i.kind == "loopback" and "127.0.0.1" in i.addresses for i in report.interfaces)
+    first = report.links[0].at
+    # ... and periodically after that
+    deadline = time.monotonic() + 30
+    while a.client.links()[0].at == first:
+        assert time.monotonic() < deadline, "no periodic re-measurement within 30 s"
+        time.sleep(0.5)
+    # a wrong ticket is a failed sample, not a failed call
+    [bad] = a.client.measure_links([{"node_id": "b", "url": b.url, "ticket": "x" * 20}])
+    assert bad.error and "401" in bad.error
+
+
+def test_an_agent_times_a_models_layers_once(spawn_agent, test_model_dir):
+    a = spawn_agent("a")
+    copy_model(test_model_dir, a.models_dir, "tiny")
+    with pytest.raises(AgentError) as missing:
+        a.client.profile("absent")
+    assert missing.value.status == 404
+    assert a.client.profile("tiny").state == "absent"
+    assert a.client.profile("tiny", start=True).state in ("running", "done")
+    deadline = time.monotonic() + 240
+    while (status := a.client.profile("tiny")).state == "running":
+        assert time.monotonic() < deadline, "timing a tiny model took over 240 s"
+        time.sleep(0.5)
+    assert status.state == "done", status.error
+    p = status.profile
+    assert p.layer_ms_b1_solo > 0 and p.layer_ms_bB > 0 and p.prefill_ms_per_token > 0 and p.batch == 8
+    assert p.threads == (1, 2) or p.threads[0] >= 0
+    assert a.client.profile("tiny", start=True).profile == p  # cached per model
+    assert [c.model_id for c in a.client.report().compute] == ["tiny"]
+
+
+def test_interface_kinds_from_sysfs(tmp_path):
+    def iface(name: str, *, type_: str = "1", device: bool = True, wireless: bool = False, speed: str = "1000"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "type").write_text(type_)
+        (d / "speed").write_text(speed)
+        if device:
+            (d / "device").mkdir()
+        if wireless:
+            (d / "wireless").mkdir()
+    iface("eth0")
+    iface("wlan0", wireless=True, speed="-1")
+    iface("thunderbolt0")
+    iface("veth1", device=False, speed="10000")
+    iface("ib0", type_="32")
+    assert [linux_kind(n, tmp_path) for n in ("eth0", "wlan0", "thunderbolt0", "veth1", "ib0", "lo")] == \
+        ["ethernet", "wifi", "thunderbolt", "virtual", "infiniband", "loopback"]
+    assert linux_speed("eth0", tmp_path) == 1000 and linux_speed("wlan0", tmp_path) is None
+    from orchestrator.agent.perf_schemas import NetInterface
+    assert describe(NetInterface(name="eth0", kind="ethernet", speed_mbps=1000, rdma=True)) == \
+        "eth0 (ethernet, 1000 Mbit/s, RDMA)"
