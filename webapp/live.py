@@ -6,8 +6,8 @@ session holds at most `guard.WS_PER_SESSION` sockets and a viewer link `guard.WS
 one more is closed with 4429 and says why.
 
 Each socket has exactly one writer — the greenlet (gevent worker) flask-sock runs the
-handler on — which
-waits on its own subscription to the orchestrator's events and pushes what changed.
+handler on — which waits on its own subscription to the orchestrator's events and pushes
+what changed.
 A (re)connecting browser first gets every component it shows, so it is never stale.
 """
 
