@@ -230,8 +230,10 @@ class Orchestrator:
 
     # --- plans and sessions --------------------------------------------------------------
     def preview_plan(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
-                     manual_split: list[tuple[int, int]] | None = None) -> "Plan | Refusal":
-        """Plan (read-only; nothing starts) and show the result to every viewer."""
+                     manual_split: list[tuple[int, int]] | None = None, *, measure: bool = True) -> "Plan | Refusal":
+        """Plan (read-only; nothing starts) and show the result to every viewer; with `measure`,
+        links and layer timings the plan lacks are measured in the background and the plan is
+        previewed again with its prediction (control/perf.py)."""
         from .planning import PlanningError, plan_for, plan_settings
 
         state = self._state
@@ -242,6 +244,10 @@ class Orchestrator:
             raise CommandRefused(str(exc)) from None
         self.post(ev.PlanPreviewed(model_id=model_id, node_ids=tuple(node_ids),
                                    plan={"context_length": context_length, **result.model_dump(mode="json")}))
+        if measure:
+            from .perf import refresh_after_preview
+
+            self._spawn(refresh_after_preview, self, model_id, list(node_ids), (context_length, concurrency, manual_split))
         return result
 
     def launch_cluster(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
@@ -254,7 +260,7 @@ class Orchestrator:
         if prep is None or prep.model_id != model_id or not prep.ready or \
                 not set(node_ids) <= {n.node_id for n in prep.nodes}:
             raise CommandRefused("prepare the model on every selected node first (all must be Present and verified)")
-        plan = self.preview_plan(model_id, node_ids, context_length, concurrency, manual_split)
+        plan = self.preview_plan(model_id, node_ids, context_length, concurrency, manual_split, measure=False)
         if isinstance(plan, Refusal):
             raise CommandRefused("; ".join(r.message for r in plan.reasons))
         hosts = {n.id: n.host for n in self._state.nodes}

@@ -6,6 +6,7 @@ import re
 
 from ..agent.schemas import ModelInfo
 from ..planner import NodeFacts, Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster
+from .perf import with_performance
 from .state import Node, Session, Settings, StagePlacement, State
 
 
@@ -50,6 +51,7 @@ def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSet
     nodes = selected_nodes(state, node_ids)
     info = model_info(state, model_id, nodes)
     facts: list[NodeFacts] = [node_facts_from_report(n.report, node_id=n.id, host=n.host) for n in nodes]
+    facts = with_performance(facts, nodes, model_id)  # measured links and timed layers (perf.py)
     return plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
                         format_reason=info.reason, unsupported_reason=info.unsupported_reason)
 

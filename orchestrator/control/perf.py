@@ -1,0 +1,122 @@
+"""Performance inputs for plans: measured links and timed layers, from the agents' reports.
+
+Pure part: `with_performance` adds each node's timing of the model and its measured links
+(keyed by the registry's node ids) to the planner's NodeFacts; `missing` says what a plan
+over some nodes still lacks. I/O part: `measure` has every selected agent probe the others
+(each peer mints a probe ticket for that and nothing else), has one node that holds the
+model time its layers, then refreshes those nodes' reports; `refresh_after_preview` runs it
+after a preview and previews again when something new arrived.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..agent.client import AgentClient, AgentError
+from ..planner import NodeFacts
+from ..planner.perf_inputs import LayerTiming, LinkCost
+from . import events as ev
+from .state import Node, State
+
+if TYPE_CHECKING:
+    from .core import Orchestrator
+
+LINK_TTL_S = 86_400  # probe tickets: the agents re-measure periodically with them
+LINK_INTERVAL_S = 60.0
+PROFILE_TIMEOUT_S = 300.0
+
+
+def timing_of(node: Node, model_id: str) -> LayerTiming | None:
+    """The node's cached timing of `model_id`, as the planner takes it."""
+    if node.report is None:
+        return None
+    for p in node.report.compute:
+        if p.model_id == model_id:
+            fields = p.model_dump(exclude={"model_id", "threads", "at"})
+            return LayerTiming(node_id=node.id, **fields)
+    return None
+
+
+def links_of(node: Node, known: set[str]) -> dict[str, LinkCost]:
+    """The node's measured links to registered peers (kernel RTT when known, else the HTTP one)."""
+    out: dict[str, LinkCost] = {}
+    for s in node.report.links if node.report is not None else []:
+        rtt = s.rtt_ms if s.rtt_ms is not None else s.http_rtt_ms
+        if s.node_id in known and not s.error and rtt is not None and s.bandwidth_Bps:
+            out[s.node_id] = LinkCost(rtt_ms=rtt, bandwidth_Bps=s.bandwidth_Bps, interface=s.interface)
+    return out
+
+
+def with_performance(facts: Sequence[NodeFacts], nodes: Sequence[Node], model_id: str) -> list[NodeFacts]:
+    """The facts with each node's timing and links added (pure)."""
+    ids = {n.id for n in nodes}
+    by_id = {n.id: n for n in nodes}
+    return [f.model_copy(update={"timing": timing_of(by_id[f.id], model_id), "links": links_of(by_id[f.id], ids)})
+            if f.id in by_id else f for f in facts]
+
+
+def missing(nodes: Sequence[Node], model_id: str) -> tuple[bool, bool]:
+    """(some pair of nodes has no measured link, no node has timed the model)."""
+    ids = {n.id for n in nodes}
+    no_links = any(set(links_of(n, ids)) != ids - {n.id} for n in nodes)
+    no_timing = all(timing_of(n, model_id) is None for n in nodes)
+    return no_links, no_timing
+
+
+def holds(node: Node, model_id: str) -> bool:
+    return node.report is not None and any(m.id == model_id for m in node.report.models)
+
+
+def measure(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str | None, links: bool,
+            post: Callable[[ev.Event], None], log: Any = None) -> bool:
+    """Measure links between `nodes` (when `links`) and time `model_id` on one node holding
+    it (when given); then post fresh reports. True when anything was measured."""
+    did = False
+    if links and len(nodes) > 1:
+        tickets = {n.id: agents[n.id].links_ticket(LINK_TTL_S) for n in nodes}
+        for a in nodes:
+            peers = [{"node_id": b.id, "name": b.name, "url": b.url, "ticket": tickets[b.id]} for b in nodes if b is not a]
+            agents[a.id].measure_links(peers, interval_s=LINK_INTERVAL_S)
+        did = True
+    holder = next((n for n in nodes if model_id and holds(n, model_id)), None)
+    if holder is not None and model_id:
+        client = agents[holder.id]
+        status = client.profile(model_id, start=True)
+        deadline = time.monotonic() + PROFILE_TIMEOUT_S
+        while status.state == "running" and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status = client.profile(model_id)
+        did = did or status.state == "done"
+        if status.state == "failed" and log is not None:
+            log.warning("perf.profile_failed", node=holder.name, model=model_id, reason=status.error)
+    for n in nodes:
+        post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
+    return did
+
+
+def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[str], args: tuple) -> None:
+    """After a preview: measure what the plan lacked, then preview again (only if the shown
+    plan is still this one) so every viewer sees the prediction."""
+    state: State = orch.state
+    nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
+    no_links, no_timing = missing(nodes, model_id)
+    if not (no_links or no_timing) or len(nodes) != len(node_ids):
+        return
+    try:
+        agents = {n.id: orch.agent(n.id) for n in nodes}
+        if any(a is None for a in agents.values()):
+            return
+        if not measure(agents, nodes, model_id if no_timing else None, no_links, orch.post, orch.log):  # type: ignore[arg-type]
+            return
+    except AgentError as exc:
+        orch.log.warning("perf.measure_failed", reason=exc.message)
+        return
+    deadline = time.monotonic() + 5
+    while missing([orch.state.node(n.id) or n for n in nodes], model_id) == (no_links, no_timing) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
+    shown = orch.state.plan or {}
+    if shown.get("model_id") == model_id and set(shown.get("node_ids") or ()) == set(node_ids):
+        orch.preview_plan(model_id, node_ids, *args, measure=False)
