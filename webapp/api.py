@@ -16,7 +16,11 @@ bp = Blueprint("api", __name__)
 
 def state_json(state: State) -> dict[str, Any]:
     """The public JSON of a state snapshot (pure)."""
-    return state.model_dump(mode="json", exclude={"nodes": {"__all__": {"credential"}}})
+    from .views.perf import link_matrix
+
+    data = state.model_dump(mode="json", exclude={"nodes": {"__all__": {"credential"}}})
+    data["links"] = link_matrix(state)  # measured links between every pair of registered nodes
+    return data
 
 
 def bearer_token() -> str:

@@ -9,6 +9,7 @@ from orchestrator.control.state import State
 
 from .context import ViewContext
 from .format import size
+from .perf import link_matrix, performance_view
 
 PARTS = (("weights", "weight_bytes", "weights"), ("kv", "kv_cache_bytes", "KV cache"),
          ("overhead", "overhead_bytes", "overhead"))
@@ -55,4 +56,7 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     context = plan.get("context_length") or (plan.get("settings") or {}).get("context_length")
     return {"plan": {"kind": plan.get("kind"), "refused": refused, "model": plan.get("model_id"),
                      "context": context, "stages": stages, "layers_total": layers_total,
-                     "issues": [i.get("message", "") for i in issues]}}
+                     "issues": [i.get("message", "") for i in issues],
+                     # measured links between the selected nodes and the prediction (views/perf.py)
+                     "links": link_matrix(state, list(plan.get("node_ids") or [s["node_id"] for s in raw])),
+                     "performance": performance_view(plan.get("performance"))}}
