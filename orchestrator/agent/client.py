@@ -154,6 +154,16 @@ class AgentClient:
         """Delete a model from the node (409 model_in_use while a process uses it)."""
         self._call("DELETE", f"/v1/models/{_q(model_id)}")
 
+    def fetch_from_peers(self, model_id: str, peers: list["AgentClient"], manifest: Manifest,
+                         ttl_s: int = 3600) -> DownloadInfo:
+        """Fetch from several agents holding the same files at once (a ticket minted at each);
+        the first is the source, the others its mirrors."""
+        first, *rest = peers
+        source: dict[str, Any] = {"kind": "peer", "url": first.base_url, "ticket": first.ticket(model_id, ttl_s).ticket}
+        if rest:
+            source["mirrors"] = [{"url": p.base_url, "ticket": p.ticket(model_id, ttl_s).ticket} for p in rest]
+        return self.fetch(model_id, source, manifest)
+
     def progress(self, model_id: str) -> DownloadInfo:
         """The latest download of a model."""
         return self._call("GET", f"/v1/downloads/{_q(model_id)}", model=DownloadInfo)

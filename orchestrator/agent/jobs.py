@@ -79,6 +79,11 @@ class Job:
                 return 0
             return max(0, max(self.total_bytes, self.reserved_bytes) - self.completed_bytes - self.current_bytes)
 
+    def uncount(self, n: int) -> None:
+        """Bytes counted as in progress were thrown away (a corrupted file fetched again)."""
+        with self.lock:
+            self.current_bytes = max(0, self.current_bytes - n)
+
     def transferred(self, n: int) -> None:
         """Count `n` bytes received over the network into the current file."""
         with self.lock:
@@ -89,11 +94,15 @@ class Job:
             while self._samples and now - self._samples[0][0] > RATE_WINDOW_S:
                 self._samples.popleft()
 
-    def file_done(self, size: int, how: str = "downloaded") -> None:
-        """A file is verified in the work directory: "downloaded", "reused" (local copy) or "resumed"."""
+    def file_done(self, size: int, how: str = "downloaded", counted: int | None = None) -> None:
+        """A file is verified in the work directory: "downloaded", "reused" (local copy) or "resumed".
+
+        `counted`: the bytes of this file already counted as in progress (several files may be in
+        flight at once); None: the only file in flight, so nothing is in progress any more.
+        """
         with self.lock:
             self.completed_bytes += size
-            self.current_bytes = 0
+            self.current_bytes = 0 if counted is None else max(0, self.current_bytes - counted)
             self.files_done += 1
             if how == "reused":
                 self.reused_bytes += size

@@ -157,6 +157,9 @@ class PeerSource(_Request):
     url: str = Field(max_length=256)
     ticket: str = Field(min_length=16, max_length=256)  # from the peer's POST .../tickets
     model_id: str | None = None  # the model's id on the peer (default: the same id)
+    # Further peers holding the same files: the copy takes files (or byte ranges of large
+    # files) from all of them at once; every byte is still checked against the manifest.
+    mirrors: list["PeerMirror"] = Field(default=[], max_length=8)
 
     @field_validator("url")
     @classmethod
@@ -167,6 +170,17 @@ class PeerSource(_Request):
     @classmethod
     def _id(cls, value: str | None) -> str | None:
         return None if value is None else check_model_id(value)
+
+
+class PeerMirror(_Request):
+    """Another peer agent holding the same model (a PeerSource without kind and mirrors)."""
+
+    url: str = Field(max_length=256)
+    ticket: str = Field(min_length=16, max_length=256)
+    model_id: str | None = None
+
+    _url = field_validator("url")(classmethod(lambda cls, value: _peer_url(value)))
+    _id = field_validator("model_id")(classmethod(lambda cls, value: None if value is None else check_model_id(value)))
 
 
 class HubSource(_Request):

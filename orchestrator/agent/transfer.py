@@ -22,7 +22,7 @@ from pathlib import Path
 from ..logs import EventLogger
 from .inventory import Inventory, ModelNotFound
 from .jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
-from .peer import fetch_from_peer
+from .copier import copy_from_peers
 from .schemas import DownloadInfo, FetchRequest, Manifest, PeerSource
 from .state import write_private
 
@@ -286,5 +286,5 @@ class Downloads:
 
     def _from_peer(self, job: Job, source: PeerSource, files_dir: Path) -> Manifest:
         assert job.manifest is not None
-        fetch_from_peer(job, source, files_dir, self._reuse_local(job, files_dir), self.log)
+        copy_from_peers(job, source, files_dir, self._reuse_local(job, files_dir), self.log)
         return job.manifest

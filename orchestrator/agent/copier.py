@@ -1,0 +1,419 @@
+"""A verified LAN copy from one or several peer agents, pipelined.
+
+Where the time of the old one-thread copy went (receive, write, sha256, fsync, one after
+the other): sha256 alone is about a third of it. Here the work is split:
+
+- one receiver thread per peer takes work items — whole files, or byte ranges of a large
+  file when several peers hold it — and writes them with `pwrite` into `<file>.part`;
+- hasher threads follow each file's contiguous written prefix (re-read from the page cache)
+  with sha256 while the bytes still arrive, and ask the kernel to start writing hashed
+  ranges back early, so the final fsync has little left to do;
+- a file is fsynced and renamed from `.part` only once its sha256 matches the manifest; a
+  file that differs is fetched again once from scratch, then the job fails as a mismatch.
+
+Resume: a file taken in ranges records its ranges' progress in `<work>/ranges/<file>.json`
+(never more than is on disk); a `.part` without one is a contiguous prefix (as written by
+a single receiver, or by earlier versions). The peer stays untrusted (see `peer`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import queue
+import socket
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+from ..logs import EventLogger
+from .jobs import Cancelled, DownloadError, Job
+from .peer import NETWORK_RETRIES, TIMEOUT, network_reason, oversize_error, status_error
+from .schemas import PeerSource
+
+RECV_CHUNK = 4 << 20
+HASH_CHUNK = 4 << 20
+SPLIT_MIN = 32 << 20  # a file is shared between peers only in ranges of at least this
+WRITEBACK_EVERY = 64 << 20  # hashed bytes after which the kernel is asked to start writing them back
+
+
+@dataclass
+class Peer:
+    """One source of the files (the PeerSource or one of its mirrors)."""
+
+    host: str
+    port: int
+    ticket: str
+    base: str  # the path prefix of the model's files
+
+    @classmethod
+    def of(cls, url: str, ticket: str, model_id: str) -> "Peer":
+        parts = urlsplit(url)
+        return cls(parts.hostname or "", parts.port or 80, ticket, f"/v1/models/{quote(model_id, safe='')}/files/")
+
+
+@dataclass
+class Part:
+    """One file being assembled: its ranges [start, end, written] and its state."""
+
+    rel: str
+    size: int
+    sha256: str
+    target: Path
+    ranges: list[list[int]]
+    sidecar: Path | None  # set when the file is taken in several ranges
+    counted: int = 0  # bytes of it counted as in progress in the job
+    generation: int = 0  # bumped when the file is thrown away and fetched again
+    attempts: int = 0
+
+    @property
+    def part(self) -> Path:
+        return self.target.with_name(self.target.name + ".part")
+
+    def frontier(self) -> int:
+        """How many bytes from the start are written without a gap."""
+        for start, end, written in self.ranges:
+            if written < end - start:
+                return start + written
+        return self.size
+
+
+@dataclass
+class Copy:
+    """Shared state of one copy: the parts, the work queue, the first fatal error."""
+
+    job: Job
+    log: EventLogger
+    parts: list[Part]
+    work: queue.Queue = field(default_factory=queue.Queue)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    error: BaseException | None = None
+    verified: int = 0
+    conns: list[http.client.HTTPConnection] = field(default_factory=list)
+
+    def unblock(self) -> None:
+        """Shut every receiver's socket down, so a read waiting on a stalled peer returns now."""
+        with self.cond:
+            conns = list(self.conns)
+        for conn in conns:
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = exc
+            self.cond.notify_all()
+
+    @property
+    def over(self) -> bool:
+        return self.error is not None or self.verified == len(self.parts) or self.job.cancel.is_set()
+
+
+def plan_ranges(size: int, prefix: int, peers: int) -> list[list[int]]:
+    """[start, end, written] ranges covering a file: the written prefix, then one share per peer (pure)."""
+    shares = max(1, min(peers, (size - prefix) // SPLIT_MIN))
+    if shares == 1:
+        return [[0, size, prefix]]
+    bounds = [prefix + (size - prefix) * i // shares for i in range(shares + 1)]
+    return [[0, bounds[1], prefix]] + [[bounds[i], bounds[i + 1], 0] for i in range(1, shares)]
+
+
+def _load_part(rel: str, size: int, sha256: str, target: Path, sidecar: Path, peers: int) -> Part:
+    """A part as far as it got before (its sidecar's ranges, else its contiguous size)."""
+    part = target.with_name(target.name + ".part")
+    ranges: list[list[int]] | None = None
+    try:
+        saved = json.loads(sidecar.read_text())
+        if saved.get("size") == size and saved.get("sha256") == sha256:
+            ranges = [[int(a), int(b), int(w)] for a, b, w in saved["ranges"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        ranges = None
+    on_disk = part.stat().st_size if part.exists() else 0
+    if ranges is None:
+        prefix = on_disk if on_disk <= size else 0
+    else:
+        prefix = Part(rel, size, sha256, target, ranges, None).frontier()
+    if on_disk > size or (prefix == 0 and on_disk):
+        part.unlink()  # nothing usable in it
+    if ranges is not None and len(ranges) > 1 and prefix < size:
+        pending = [r for r in ranges if r[2] < r[1] - r[0]]
+        if len(pending) == peers or peers == 1:  # the same plan still fits: keep every range's progress
+            p = Part(rel, size, sha256, target, ranges, sidecar)
+            return p
+    ranges = plan_ranges(size, prefix, peers)
+    return Part(rel, size, sha256, target, ranges, sidecar if len(ranges) > 1 else None)
+
+
+def _save_ranges(part: Part) -> None:
+    """Record the ranges' progress (only what has been written: a crash re-fetches the rest)."""
+    if part.sidecar is None:
+        return
+    part.sidecar.parent.mkdir(parents=True, exist_ok=True)
+    tmp = part.sidecar.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"size": part.size, "sha256": part.sha256, "ranges": part.ranges}))
+    os.replace(tmp, part.sidecar)
+
+
+def copy_from_peers(job: Job, source: PeerSource, files_dir: Path, linked: set[str], log: EventLogger,
+                    hashers: int = 2) -> None:
+    """Bring every file of the job's manifest into `files_dir` (those in `linked` are already there)."""
+    assert job.manifest is not None
+    remote = source.model_id or job.model_id
+    peers = [Peer.of(source.url, source.ticket, remote)] + [
+        Peer.of(m.url, m.ticket, m.model_id or remote) for m in source.mirrors]
+    ranges_dir = files_dir.parent / "ranges"
+    parts: list[Part] = []
+    for rel, entry in job.manifest.files.items():
+        target = files_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and target.stat().st_size == entry.size:
+            # Renamed from .part only after verification (or linked from a verified local copy).
+            job.file_done(entry.size, "reused" if rel in linked else "resumed", counted=0)
+            continue
+        p = _load_part(rel, entry.size, entry.sha256, target, ranges_dir / f"{rel}.json", len(peers))
+        p.counted = sum(w for _, _, w in p.ranges)
+        with job.lock:
+            job.resumed_bytes += p.counted
+            job.current_bytes += p.counted
+        _save_ranges(p)
+        parts.append(p)
+    if not parts:
+        return
+    c = Copy(job, log, parts)
+    for p in parts:
+        for i, (start, end, written) in enumerate(p.ranges):
+            if written < end - start or end == start:
+                c.work.put((p, i, p.generation, 0))
+    to_hash: queue.Queue = queue.Queue()
+    for p in parts:
+        to_hash.put(p)
+    threads = [threading.Thread(target=_receiver, args=(c, peer), daemon=True, name=f"copy-recv-{i}")
+               for i, peer in enumerate(peers)]
+    threads += [threading.Thread(target=_hasher, args=(c, to_hash), daemon=True, name=f"copy-hash-{i}")
+                for i in range(max(1, min(hashers, len(parts))))]
+    for t in threads:
+        t.start()
+    with c.cond:
+        while not c.over:
+            c.cond.wait(0.25)
+    c.fail(Cancelled())  # whatever ended it: every thread stops now (no effect when an error came first)
+    if c.verified < len(parts):
+        c.unblock()
+    for t in threads:
+        t.join()
+    for p in parts:
+        if p.part.exists():
+            _save_ranges(p)
+    if c.verified < len(parts):
+        raise c.error or Cancelled()  # a DownloadError, Cancelled, or a bug (reported on the job)
+
+
+class _Stale(Exception):
+    """The file was thrown away while one of its ranges was being fetched."""
+
+
+def _restart_file(c: Copy, p: Part) -> None:
+    """Throw a part away and queue it again from its first byte (the hashers start over too)."""
+    with c.cond:
+        p.generation += 1
+        p.part.unlink(missing_ok=True)
+        c.job.uncount(p.counted)
+        p.counted = 0
+        for r in p.ranges:
+            r[2] = 0
+        for i in range(len(p.ranges)):
+            c.work.put((p, i, p.generation, 0))
+        c.cond.notify_all()
+
+
+def _receiver(c: Copy, peer: Peer) -> None:
+    """Take work items until none is left; a fatal error stops the whole copy."""
+    conn: http.client.HTTPConnection | None = None
+    try:
+        while not c.over:
+            try:
+                p, i, generation, failures = c.work.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if generation != p.generation:
+                continue  # the file was thrown away since: its new items are queued
+            if conn is None:
+                conn = http.client.HTTPConnection(peer.host, peer.port, timeout=TIMEOUT[1])
+                with c.cond:
+                    c.conns.append(conn)
+            try:
+                _fetch_range(c, conn, peer, p, i, generation)
+            except _Stale:
+                conn.close()
+                conn = None
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                conn = None
+                if isinstance(exc, (FileNotFoundError, PermissionError)):
+                    raise
+                if c.over:
+                    return
+                failures += 1
+                if failures > NETWORK_RETRIES:
+                    c.fail(DownloadError(f"peer unreachable for {p.rel}: {network_reason(exc)}", "peer_unreachable",
+                                         keep_partial=True))
+                    return
+                c.log.warning("download.retry", file=p.rel, host=f"{peer.host}:{peer.port}",
+                              reason=network_reason(exc), attempt=failures)
+                if c.job.cancel.wait(0.5 * failures):
+                    return
+                c.work.put((p, i, generation, failures))
+            finally:
+                with c.cond:
+                    if p.generation == generation:
+                        _save_ranges(p)
+    except Cancelled:
+        c.fail(Cancelled())
+    except BaseException as exc:  # noqa: BLE001 (a DownloadError, or a bug: the job reports it)
+        c.fail(exc)
+    finally:
+        if conn is not None:
+            conn.close()
+
+
+def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part, i: int, generation: int) -> None:
+    """One range of one file into its `.part`; never writes outside the range."""
+    start, end, written = p.ranges[i]
+    offset, whole = start + written, start == 0 and end == p.size and written == 0
+    if offset >= end:
+        if p.size == 0:
+            p.part.touch()
+        with c.cond:
+            c.cond.notify_all()
+        return
+    with c.job.lock:
+        c.job.current_file = p.rel
+    headers = {"Authorization": f"Bearer {peer.ticket}"}
+    if not whole:
+        headers["Range"] = f"bytes={offset}-{end - 1}"
+    conn.request("GET", peer.base + quote(p.rel), headers=headers)
+    r = conn.getresponse()
+    expect = end - offset
+    if r.status == 206 and (r.getheader("Content-Range") or "").startswith(f"bytes {offset}-"):
+        pass
+    elif r.status == 200 and whole:
+        pass
+    elif r.status == 200 and start == 0 and end == p.size:
+        _restart_file(c, p)  # the peer ignored the range of a resume: the file starts over
+        raise _Stale
+    else:
+        raise status_error(r.status, p.rel)
+    declared = r.getheader("Content-Length")
+    if declared is not None and (not declared.strip().isdigit() or int(declared) > expect):
+        raise oversize_error(p.rel, p.size)  # refused before a byte is read
+    fd = os.open(p.part, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        got = 0
+        while got < expect:
+            # read1: what has arrived, so a cancel is seen even while a slow peer trickles
+            block = r.read1(min(RECV_CHUNK, expect - got))
+            if not block:
+                break
+            if p.generation != generation:
+                raise _Stale
+            if c.job.cancel.is_set() or c.error is not None:
+                raise Cancelled
+            os.pwrite(fd, block, offset + got)
+            got += len(block)
+            with c.cond:
+                p.ranges[i][2] += len(block)
+                p.counted += len(block)
+                c.cond.notify_all()
+            c.job.transferred(len(block))
+    finally:
+        os.close(fd)
+    if got == expect and declared is None and r.read1(1):  # one byte too many is enough to know
+        raise oversize_error(p.rel, p.size)
+    if got < expect:
+        raise http.client.IncompleteRead(b"", expect - got)
+    r.close()
+
+
+def _hasher(c: Copy, to_hash: queue.Queue) -> None:
+    """Verify parts in manifest order while they arrive; install each verified one."""
+    try:
+        while not c.over:
+            try:
+                p = to_hash.get_nowait()
+            except queue.Empty:
+                return
+            _verify(c, p)
+    except Cancelled:
+        c.fail(Cancelled())
+    except BaseException as exc:  # noqa: BLE001
+        c.fail(exc)
+
+
+def _verify(c: Copy, p: Part) -> None:
+    while True:
+        digest, pos, generation = hashlib.sha256(), 0, p.generation
+        fd: int | None = None
+        flushed = 0
+        try:
+            while pos < p.size:
+                with c.cond:
+                    while p.frontier() <= pos and p.generation == generation and not c.over:
+                        c.cond.wait(0.25)
+                    if c.over:
+                        raise Cancelled
+                    if p.generation != generation:
+                        break
+                    upto = p.frontier()
+                if fd is None:
+                    fd = os.open(p.part, os.O_RDONLY)
+                while pos < upto:
+                    block = os.pread(fd, min(HASH_CHUNK, upto - pos), pos)
+                    if not block:
+                        raise OSError(f"{p.part} is shorter than its written ranges")
+                    digest.update(block)
+                    pos += len(block)
+                if pos - flushed >= WRITEBACK_EVERY:
+                    # Start writing hashed bytes back now (non-blocking), so the fsync before
+                    # the rename has little left to wait for.
+                    os.posix_fadvise(fd, flushed, pos - flushed, os.POSIX_FADV_DONTNEED)
+                    flushed = pos
+            else:
+                if p.size == 0 and not p.part.exists():
+                    p.part.touch()
+                if digest.hexdigest() == p.sha256:
+                    _install(c, p)
+                    return
+                _refetch(c, p)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _install(c: Copy, p: Part) -> None:
+    """fsync, then rename the verified part into place."""
+    with open(p.part, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(p.part, p.target)
+    if p.sidecar is not None:
+        p.sidecar.unlink(missing_ok=True)
+    c.job.file_done(p.size, counted=p.counted)
+    with c.cond:
+        c.verified += 1
+        c.cond.notify_all()
+
+
+def _refetch(c: Copy, p: Part) -> None:
+    """The whole file differs from the manifest: throw it away and fetch it again, once."""
+    c.log.warning("download.corrupt_file", model=c.job.model_id, file=p.rel, attempt=p.attempts + 1)
+    if p.attempts >= 1:
+        raise DownloadError(f"mismatch: {p.rel} from the peer differs from the manifest (sha256 checked twice)",
+                            "mismatch", [p.rel])
+    p.attempts += 1
+    _restart_file(c, p)

@@ -1,0 +1,193 @@
+"""The pipelined copy from several peers (orchestrator/agent/copier.py), in process.
+
+Peers here are small range-serving HTTP servers that count what they sent, so a test can
+tell which peer served which bytes; the split size is lowered so the ~19 MB test model is
+taken in byte ranges. Real agents copying from real agents: test_transfer.py and
+tests/control/test_models.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from orchestrator.agent import copier
+from orchestrator.agent.jobs import Cancelled, DownloadError, Job
+from orchestrator.agent.schemas import FileEntry, Manifest, PeerSource
+from orchestrator.logs import get as get_log
+
+from .test_transfer import sha256sums
+
+MODEL = "tm"
+
+
+class RangePeer(ThreadingHTTPServer):
+    """Serves a model directory's files with `Range: bytes=S-E`; counts bytes; can corrupt once or stall."""
+
+    daemon_threads = True
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir, self.sent, self.corrupt_once, self.gate = model_dir, 0, set(), threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: RangePeer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        rel = self.path.split("/files/", 1)[1]
+        data = (self.server.model_dir / rel).read_bytes()
+        start, end, status = 0, len(data) - 1, 200
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if m:
+            start, end, status = int(m.group(1)), int(m.group(2) or len(data) - 1), 206
+        body = bytearray(data[start:end + 1])
+        with self.server.lock:
+            if rel in self.server.corrupt_once and body:
+                self.server.corrupt_once.discard(rel)
+                body[len(body) // 2] ^= 0xFF
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.end_headers()
+        for i in range(0, len(body), 1 << 20):
+            self.server.gate.wait(30)
+            self.wfile.write(body[i:i + (1 << 20)])
+            with self.server.lock:
+                self.server.sent += min(1 << 20, len(body) - i)
+
+
+@pytest.fixture
+def peers(transfer_model: Path):
+    servers = [RangePeer(transfer_model), RangePeer(transfer_model)]
+    yield servers
+    for s in servers:
+        s.gate.set()
+        s.shutdown()
+        s.server_close()
+
+
+def manifest_of(model_dir: Path) -> Manifest:
+    return Manifest(files={p.relative_to(model_dir).as_posix(): FileEntry(size=p.stat().st_size,
+                                                                          sha256=hashlib.sha256(p.read_bytes()).hexdigest())
+                           for p in sorted(model_dir.rglob("*")) if p.is_file()})
+
+
+def source(peers: list[RangePeer]) -> PeerSource:
+    return PeerSource(kind="peer", url=peers[0].url, ticket="t" * 20,
+                      mirrors=[{"url": p.url, "ticket": "t" * 20} for p in peers[1:]])
+
+
+def run_copy(job: Job, src: PeerSource, files_dir: Path) -> threading.Thread:
+    errors: list[BaseException] = []
+
+    def go() -> None:
+        try:
+            copier.copy_from_peers(job, src, files_dir, set(), get_log("test-copier"))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.errors = errors  # type: ignore[attr-defined]
+    t.start()
+    return t
+
+
+def test_plan_ranges_shares_the_rest_after_the_written_prefix(monkeypatch):
+    monkeypatch.setattr(copier, "SPLIT_MIN", 10)
+    assert copier.plan_ranges(100, 0, 1) == [[0, 100, 0]]
+    assert copier.plan_ranges(100, 0, 2) == [[0, 50, 0], [50, 100, 0]]
+    assert copier.plan_ranges(100, 40, 3) == [[0, 60, 40], [60, 80, 0], [80, 100, 0]]
+    assert copier.plan_ranges(100, 95, 3) == [[0, 100, 95]]  # too little left to share
+
+
+def test_two_peers_serve_ranges_of_each_file_and_every_byte_is_verified(monkeypatch, peers, transfer_model,
+                                                                       tmp_path):
+    monkeypatch.setattr(copier, "SPLIT_MIN", 1 << 20)
+    peers[1].corrupt_once.add("model-00002-of-00002.safetensors")  # one range arrives damaged, once
+    manifest = manifest_of(transfer_model)
+    job = Job(MODEL, "peer", "k", manifest)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    t = run_copy(job, source(peers), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(transfer_model)
+    assert all(p.sent > 2_000_000 for p in peers), [p.sent for p in peers]  # both served a share
+    info = job.info()
+    assert info.done_bytes == info.total_bytes == manifest.total_bytes
+    # the damaged file was taken again from scratch: more than the model crossed the network
+    assert info.transferred_bytes > manifest.total_bytes
+    assert not list(files.rglob("*.part")) and not (tmp_path / "work" / "ranges").exists() or \
+        not list((tmp_path / "work" / "ranges").rglob("*.json"))
+
+
+def test_a_cancelled_ranged_copy_resumes_every_range(monkeypatch, peers, transfer_model, tmp_path):
+    monkeypatch.setattr(copier, "SPLIT_MIN", 1 << 20)
+    manifest = manifest_of(transfer_model)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    job = Job(MODEL, "peer", "k", manifest)
+    for p in peers:
+        p.gate.clear()
+    t = run_copy(job, source(peers), files)
+    for p in peers:  # let a few MiB through, then hold every stream
+        p.gate.set()
+    while job.info().transferred_bytes < 6_000_000:
+        t.join(0.02)
+    for p in peers:
+        p.gate.clear()
+    job.cancel.set()
+    t.join(30)
+    assert t.errors and isinstance(t.errors[0], Cancelled)
+    sidecars = list((tmp_path / "work" / "ranges").rglob("*.json"))
+    assert sidecars  # ranges recorded with what each had written
+    before = job.info().transferred_bytes
+
+    for p in peers:
+        p.gate.set()
+    again = Job(MODEL, "peer", "k", manifest)
+    t = run_copy(again, source(peers), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(transfer_model)
+    info = again.info()
+    assert info.resumed_bytes > 0 and info.transferred_bytes <= manifest.total_bytes - info.resumed_bytes + (1 << 20)
+    assert before + info.transferred_bytes < manifest.total_bytes + (4 << 20)
+
+
+def test_a_peer_that_keeps_sending_damaged_bytes_fails_the_copy_as_a_mismatch(peers, transfer_model, tmp_path):
+    victim = "config.json"
+    peers[0].corrupt_once.add(victim)
+    shutil.copytree(transfer_model, tmp_path / "bad")
+    (tmp_path / "bad" / victim).write_bytes(b"{}" + b" " * ((transfer_model / victim).stat().st_size - 2))
+    bad = RangePeer(tmp_path / "bad")  # the only peer: what it sends never matches
+    try:
+        job = Job(MODEL, "peer", "k", manifest_of(transfer_model))
+        files = tmp_path / "work" / "files"
+        files.mkdir(parents=True)
+        t = run_copy(job, source([bad]), files)
+        t.join(60)
+        err = t.errors[0]
+        assert isinstance(err, DownloadError) and err.code == "mismatch" and err.files == [victim]
+    finally:
+        bad.shutdown()
+        bad.server_close()
