@@ -30,7 +30,6 @@ import copy
 import io
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -41,13 +40,16 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from orchestrator.models import testmodel
+from orchestrator.models.family_specs import FamilySpec
+from orchestrator.models.family_specs_dense import DENSE
+from orchestrator.models.family_specs_moe import MOE
 from orchestrator.models.files import mx_dtype, save_weights, staged_directory, write_json
 from orchestrator.models.testmodel import SPECIAL_TOKENS, train_tokenizer, write_tokenizer
 
 VOCAB = 512
 QUANTS = ("q4", "q6", "q8", "mixed", "mxfp4")
 # Affine bits per quant name; group 64 is what mlx-community publishes (and mlx-lm's
-# default). The shapes below keep every in-dimension a multiple of 64 so nothing is left
+# default). The specs' shapes keep every in-dimension a multiple of 64 so nothing is left
 # in float by mlx-lm's "in-dim divisible by group" rule unless a family says so.
 _AFFINE_BITS = MappingProxyType({"q4": 4, "q6": 6, "q8": 8})
 _GROUP = 64
@@ -60,286 +62,8 @@ _TOKEN_IDS = MappingProxyType({
 })
 
 
-@dataclass(frozen=True)
-class FamilySpec:
-    """One model family: its mlx-lm `model_type`, the config.json it gets, and notes.
-
-    `config` holds the family-specific keys (vocabulary and token ids are added when
-    building). `layer_pattern` describes the layer stack, one space-separated code per
-    layer: the mixer (F full attention, S sliding-window attention, N attention without
-    RoPE, L linear attention, M Mamba, - none) then the MLP (D dense, E mixture of
-    experts, - none). `scale` is the weight scale that gives varied greedy output and
-    `embed_std` the embedding's. `omit` lists weight-name prefixes left out of the saved
-    file because published checkpoints lack them (the loader then ties the head).
-    `quants` are the quantizations this family accepts; all five load and generate with
-    mlx-lm 0.32.2. `text_config` nests the config as the published multimodal checkpoints do.
-    """
-
-    model_type: str
-    config: dict[str, Any]
-    layer_pattern: str
-    notes: str
-    scale: float = 4.0
-    embed_std: float = 1.0
-    omit: tuple[str, ...] = ()
-    quants: tuple[str, ...] = ("q4", "q6", "q8", "mixed", "mxfp4")
-    text_config: bool = False
-
-    @property
-    def layers(self) -> list[str]:
-        """The per-layer codes of `layer_pattern`."""
-        return self.layer_pattern.split()
-
-    @property
-    def moe(self) -> bool:
-        """Whether any layer routes through experts (mlx's CPU backend runs expert
-        matmuls in float32 only, so float16/bfloat16 MoE models need Metal)."""
-        return any(code.endswith("E") for code in self.layers)
-
-
-def _attn(heads: int = 4, kv_heads: int = 2, head_dim: int = 16) -> dict[str, Any]:
-    """Attention head keys of a config."""
-    return {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim}
-
-
-# YaRN RoPE scaling as published DeepSeek-V2/V3 configs have it (mlx-lm's deepseek_v2
-# requires rope_scaling); factor and original length scaled down to the tiny model.
-_YARN_DEEPSEEK = MappingProxyType({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
-                                   "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707})
-
-# Shared by most families: 64 wide, 4 query heads of 16 over 2 key/value heads.
-_BASE = MappingProxyType({
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 2048,
-    "rope_theta": 10000.0,
-    **_attn(),
-})
-
-
-FAMILIES: dict[str, FamilySpec] = {
-    "llama": FamilySpec(
-        "llama",
-        {**_BASE, "num_hidden_layers": 6, "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False},
-        "FD FD FD FD FD FD",
-        "plain Llama, tied head",
-    ),
-    "mistral": FamilySpec(
-        "mistral",
-        {
-            **_BASE,
-            "num_hidden_layers": 6,
-            "tie_word_embeddings": False,
-            "sliding_window": 8,
-            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
-        },
-        "SD SD FD SD SD FD",
-        "mlx-lm maps mistral onto llama.py; layer_types interleave 8-token sliding windows "
-        "with global layers (period 3), untied head",
-    ),
-    "mixtral": FamilySpec(
-        "mixtral",
-        {**_BASE, "num_hidden_layers": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
-         "tie_word_embeddings": False},
-        "FE FE FE FE",
-        "every layer MoE: 4 experts, top-2",
-    ),
-    "qwen2": FamilySpec(
-        "qwen2",
-        {**_BASE, "num_hidden_layers": 6, "tie_word_embeddings": True},
-        "FD FD FD FD FD FD",
-        "q/k/v biases, tied head",
-    ),
-    "qwen3": FamilySpec(
-        "qwen3",
-        {**_BASE, "num_hidden_layers": 6, "tie_word_embeddings": True},
-        "FD FD FD FD FD FD",
-        "q/k norms, tied head",
-    ),
-    "qwen3_moe": FamilySpec(
-        "qwen3_moe",
-        {**_BASE, "num_hidden_layers": 6, "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-         "mlp_only_layers": [0], "moe_intermediate_size": 64, "norm_topk_prob": True, "tie_word_embeddings": False},
-        "FD FE FE FE FE FE",
-        "layer 0 dense (mlp_only_layers), then MoE: 8 experts, top-2",
-    ),
-    "qwen3_next": FamilySpec(
-        "qwen3_next",
-        {**_BASE, "num_hidden_layers": 6, "full_attention_interval": 3,
-         "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-         "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
-         "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [],
-         "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "norm_topk_prob": True,
-         "partial_rotary_factor": 0.25, "tie_word_embeddings": False},
-        "LE LE FE LE LE FE",
-        "gated-delta linear attention with a gated full-attention layer every 3rd; all MoE "
-        "(4 experts top-2 plus a shared expert)",
-    ),
-    "qwen3_5": FamilySpec(
-        "qwen3_5",
-        {**_BASE, "num_hidden_layers": 6, "full_attention_interval": 3,
-         "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-         "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "tie_word_embeddings": True,
-         "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0,
-                             "partial_rotary_factor": 0.5}},
-        "LD LD FD LD LD FD",
-        "config nested under text_config as published (vision tower omitted); dense MLP, "
-        "gated-delta linear attention, full attention every 3rd layer, tied head",
-        text_config=True,
-    ),
-    "qwen3_5_moe": FamilySpec(
-        "qwen3_5_moe",
-        {**_BASE, "num_hidden_layers": 6, "full_attention_interval": 3,
-         "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-         "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "tie_word_embeddings": False,
-         "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
-         "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "norm_topk_prob": True,
-         "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0,
-                             "partial_rotary_factor": 0.5}},
-        "LE LE FE LE LE FE",
-        "as qwen3_5 with every MLP a MoE (4 experts top-2 plus a shared expert)",
-        text_config=True,
-    ),
-    "gemma2": FamilySpec(
-        "gemma2",
-        {**_BASE, "num_hidden_layers": 4, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 10.0,
-         "query_pre_attn_scalar": 16, "sliding_window": 8, "hidden_activation": "gelu_pytorch_tanh"},
-        "FD FD FD FD",
-        "attention and final logit soft-capping; mlx-lm's gemma2 ignores sliding_window "
-        "(every layer attends globally), so the window in config.json is informational",
-        # Gemma multiplies the embedding by sqrt(hidden) = 8; unit-variance draws would
-        # then swamp the layers and, with the tied head, predict the input token again.
-        embed_std=0.125,
-    ),
-    "gemma3_text": FamilySpec(
-        "gemma3_text",
-        {**_BASE, "num_hidden_layers": 6, "query_pre_attn_scalar": 16, "sliding_window": 8,
-         "sliding_window_pattern": 3, "rope_local_base_freq": 10000.0},
-        "SD SD FD SD SD FD",
-        "8-token sliding windows with a global layer every 3rd; head tied by the loader "
-        "(no lm_head in the weights, as published)",
-        omit=("lm_head.",),
-        embed_std=0.125,
-    ),
-    "glm4": FamilySpec(
-        "glm4",
-        {**_BASE, "num_hidden_layers": 4, "attention_bias": True, "partial_rotary_factor": 0.5},
-        "FD FD FD FD",
-        "partial RoPE (half the head), q/k/v biases, extra post-attention / post-MLP norms",
-    ),
-    "glm4_moe": FamilySpec(
-        "glm4_moe",
-        {**_BASE, "num_hidden_layers": 4, "moe_intermediate_size": 64, "norm_topk_prob": True, "n_group": 1,
-         "topk_group": 1, "n_shared_experts": 1, "n_routed_experts": 8, "routed_scaling_factor": 1.0,
-         "num_experts_per_tok": 2, "first_k_dense_replace": 1, "rope_scaling": None, "use_qk_norm": True,
-         "tie_word_embeddings": False, "attention_bias": True, "partial_rotary_factor": 0.5},
-        "FD FE FE FE",
-        "first_k_dense_replace=1: layer 0 dense, then MoE (8 routed experts top-2, sigmoid "
-        "scores with correction bias, 1 shared expert)",
-    ),
-    "deepseek_v2": FamilySpec(
-        "deepseek_v2",
-        {**_BASE, "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 64,
-         "n_shared_experts": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "topk_method": "greedy",
-         "routed_scaling_factor": 1.0, "kv_lora_rank": 64, "q_lora_rank": None, "qk_rope_head_dim": 16,
-         "qk_nope_head_dim": 16, "v_head_dim": 16, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-         "rope_scaling": dict(_YARN_DEEPSEEK), "tie_word_embeddings": False},
-        "FD FE FE FE",
-        "multi-head latent attention (no q LoRA, as V2-Lite); layer 0 dense, then MoE "
-        "(8 routed experts top-2, greedy, 1 shared)",
-    ),
-    "deepseek_v3": FamilySpec(
-        "deepseek_v3",
-        {**_BASE, "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 64,
-         "n_shared_experts": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "topk_method": "noaux_tc",
-         "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 2, "topk_group": 1,
-         "routed_scaling_factor": 2.5, "kv_lora_rank": 64, "q_lora_rank": 64, "qk_rope_head_dim": 16,
-         "qk_nope_head_dim": 16, "v_head_dim": 16, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-         "rope_scaling": dict(_YARN_DEEPSEEK), "tie_word_embeddings": False},
-        "FD FE FE FE",
-        "MLA with q LoRA; layer 0 dense, then MoE (8 routed experts in 2 groups, top-2 of the "
-        "best group, sigmoid + correction bias, 1 shared)",
-    ),
-    "kimi_k2": FamilySpec(
-        "kimi_k2",
-        {**_BASE, "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 64,
-         "n_shared_experts": 1, "n_routed_experts": 8, "num_experts_per_tok": 2, "topk_method": "noaux_tc",
-         "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
-         "routed_scaling_factor": 2.827, "kv_lora_rank": 64, "q_lora_rank": 64, "qk_rope_head_dim": 16,
-         "qk_nope_head_dim": 16, "v_head_dim": 16, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-         "tie_word_embeddings": False},
-        "FD FE FE FE",
-        "model_type kimi_k2, which mlx-lm maps onto deepseek_v3.py (one expert group); no "
-        "rope_scaling: transformers (which mlx_lm.load uses for the tokenizer) cannot "
-        "standardise YaRN parameters for a model type it does not know",
-    ),
-    "joyai_llm_flash": FamilySpec(
-        "joyai_llm_flash",
-        {**_BASE, "num_hidden_layers": 4, "num_key_value_heads": 4, "moe_intermediate_size": 64,
-         "n_shared_experts": 1, "n_routed_experts": 4, "num_experts_per_tok": 2, "topk_method": "noaux_tc",
-         "scoring_func": "sigmoid", "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
-         "routed_scaling_factor": 1.0, "kv_lora_rank": 64, "q_lora_rank": 64, "qk_rope_head_dim": 16,
-         "qk_nope_head_dim": 16, "v_head_dim": 16, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-         "tie_word_embeddings": False},
-        "FD FE FE FE",
-        "model_type joyai_llm_flash, the other name mlx-lm maps onto deepseek_v3.py; no "
-        "rope_scaling, as for kimi_k2",
-    ),
-    "gpt_oss": FamilySpec(
-        "gpt_oss",
-        {**_BASE, "num_hidden_layers": 4, "intermediate_size": 64, "num_local_experts": 4,
-         "num_experts_per_tok": 2, "sliding_window": 8,
-         "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512,
-                          "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False},
-         "layer_types": ["sliding_attention", "full_attention"] * 2},
-        "SE FE SE FE",
-        "alternating 8-token sliding / full attention with attention sinks; every layer MoE "
-        "(4 experts top-2, clamped SwiGLU with biases)",
-    ),
-    "llama4_text": FamilySpec(
-        "llama4_text",
-        {**_BASE, "num_hidden_layers": 6, "intermediate_size_mlp": 128, "use_qk_norm": True,
-         "no_rope_layers": [1, 1, 0] * 2, "tie_word_embeddings": False},
-        "FD FD ND FD FD ND",
-        "every 3rd layer without RoPE (no_rope_layers), q/k norm on the RoPE layers",
-    ),
-    "phi3": FamilySpec(
-        "phi3",
-        {**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": False},
-        "FD FD FD FD",
-        "fused qkv_proj and gate_up_proj",
-    ),
-    "olmo2": FamilySpec(
-        "olmo2",
-        {**_BASE, "num_hidden_layers": 4, "tie_word_embeddings": False},
-        "FD FD FD FD",
-        "post-norms and full-width q/k norms",
-    ),
-    "nemotron_h": FamilySpec(
-        "nemotron_h",
-        {"hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 2048, **_attn(),
-         "attention_bias": False, "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False,
-         "ssm_state_size": 16, "conv_kernel": 4, "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5,
-         "use_bias": False, "use_conv_bias": True, "hybrid_override_pattern": list("M*-ME*"),
-         "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64, "n_group": 1,
-         "n_routed_experts": 4, "n_shared_experts": 1, "topk_group": 1, "num_experts_per_tok": 2,
-         "norm_topk_prob": True, "routed_scaling_factor": 1.0, "tie_word_embeddings": False},
-        "M- F- -D M- -E F-",
-        "one mixer per layer (hybrid_override_pattern M*-ME*): Mamba2, attention, ReLU² MLP, "
-        "MoE (4 experts top-2 plus a shared expert)",
-    ),
-    "jamba": FamilySpec(
-        "jamba",
-        {"hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 6,
-         "attn_layer_offset": 1, "attn_layer_period": 3, "expert_layer_offset": 1, "expert_layer_period": 2,
-         "mamba_d_conv": 4, "mamba_d_state": 8, "mamba_expand": 2, "num_experts": 4, "num_experts_per_tok": 2,
-         "tie_word_embeddings": True},
-        "MD FE MD ME FD ME",
-        "Mamba with attention at layers 1 and 4 (period 3) and MoE at odd layers (4 experts top-2)",
-    ),
-}
+# The two spec tables, by kind; one mapping, as callers have always read it.
+FAMILIES: Mapping[str, FamilySpec] = MappingProxyType({**DENSE, **MOE})
 
 
 def _family_config(spec: FamilySpec, dtype: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
