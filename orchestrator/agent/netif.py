@@ -91,7 +91,10 @@ def linux_interfaces(root: Path = SYS_NET) -> list[NetInterface]:
     out = []
     for d in sorted(root.glob("*")):
         name = d.name
-        out.append(NetInterface(name=name, kind=linux_kind(name, root), speed_mbps=linux_speed(name, root),
+        kind = linux_kind(name, root)
+        # a virtual device's speed is made up (a TAP says 10 Mb/s whatever it carries)
+        speed = None if kind in ("virtual", "loopback") else linux_speed(name, root)
+        out.append(NetInterface(name=name, kind=kind, speed_mbps=speed,
                                 rdma=name in rdma, addresses=addresses.get(name, []),
                                 up=_read(d / "operstate") in ("up", "unknown")))
     return out

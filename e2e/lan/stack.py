@@ -1,0 +1,126 @@
+"""The dashboard stack on the emulated LAN: one node agent per node namespace (its stages
+run there too), the router and the dashboard in the control namespace (zeroconf discovery
+on the bridge). Like orchestrator.demo_stack, but every process lives at its own IP.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID, SHARED_HOST_BLAS
+
+from .netns import REPO, Lan, LanHost
+
+AGENT_PORT = 39500
+TRANSPORT = (39600, 39629)  # every node has its own IP, so each may use the whole range
+DASHBOARD_PORT, ROUTER_PORT = 8080, 8000
+STARTUP_TIMEOUT = 60.0
+
+
+class StackError(RuntimeError):
+    """A process did not come up; the message has its output."""
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def output(self, tail: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-tail:]) if self.log.exists() else ""
+
+    def printed(self, pattern: str) -> str | None:
+        m = re.search(pattern, self.log.read_text(errors="replace")) if self.log.exists() else None
+        return m.group(1) if m else None
+
+
+@dataclass
+class LanStack:
+    """Agents on `lan.nodes`, router and dashboard on `lan.control`."""
+
+    lan: Lan
+    root: Path
+    budget: str = DEFAULT_BUDGET
+    procs: list[Proc] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)  # node name -> pairing token
+    admin_token: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.lan.control.ip}:{DASHBOARD_PORT}"  # type: ignore[union-attr]
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.lan.control.ip}:{ROUTER_PORT}"  # type: ignore[union-attr]
+
+    def address(self, node: LanHost) -> str:
+        return f"{node.ip}:{AGENT_PORT}"
+
+    def models_dir(self, node: LanHost) -> Path:
+        return self.root / node.name / "models"
+
+    def _spawn(self, host: LanHost, name: str, *argv: str) -> Proc:
+        log = self.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS, "PYTHONPATH": str(REPO)}
+        with open(log, "wb") as out:
+            p = subprocess.Popen(host.argv(sys.executable, "-m", "orchestrator.cli", *argv), cwd=REPO, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = Proc(name, p, log)
+        self.procs.append(proc)
+        return proc
+
+    def start(self, model_src: Path, model_on: int = 0) -> "LanStack":
+        """Put the model on one node, start everything, wait for tokens and answers."""
+        for node in self.lan.nodes:
+            self.models_dir(node).mkdir(parents=True, exist_ok=True)
+        shutil.copytree(model_src, self.models_dir(self.lan.nodes[model_on]) / MODEL_ID)
+        router_yaml = self.root / "router.yaml"
+        router_yaml.write_text("backends: []\nhealth_checks: {enabled: true, interval: 1s, timeout: 2s, "
+                               "unhealthy_threshold: 1, healthy_threshold: 1, endpoint: /v1/models}\n")
+        agents = [self._spawn(n, n.name, "agent", "--host", n.ip, "--port", str(AGENT_PORT), "--name", n.name,
+                              "--models-dir", str(self.models_dir(n)), "--state-dir", str(self.root / n.name / "state"),
+                              "--transport-ports", f"{TRANSPORT[0]}-{TRANSPORT[1]}", "--memory-budget", self.budget)
+                  for n in self.lan.nodes]
+        c = self.lan.control
+        assert c is not None
+        self._spawn(c, "router", "router", "--config", str(router_yaml), "--host", c.ip, "--port", str(ROUTER_PORT),
+                    "--reload-interval", "0.2")
+        dash = self._spawn(c, "dashboard", "dashboard", "--host", c.ip, "--port", str(DASHBOARD_PORT), "--state-dir",
+                           str(self.root / "dashboard"), "--router", self.router_url, "--router-config",
+                           str(router_yaml), "--discovery", "--discovery-interface", c.ip)
+        for node, proc in zip(self.lan.nodes, agents):
+            self.tokens[node.name] = self._wait(proc, r"pairing token: (\S+)")
+        self.admin_token = self._wait(dash, r"admin token: (\S+)")
+        return self
+
+    def _wait(self, proc: Proc, pattern: str) -> str:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while (found := proc.printed(pattern)) is None:
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
+                raise StackError(f"{proc.name} did not print {pattern!r}:\n{proc.output()}")
+            time.sleep(0.1)
+        return found
+
+    def logs(self, tail: int = 30) -> str:
+        return "\n".join(f"----- {p.name} -----\n{p.output(tail)}" for p in self.procs)
+
+    def stop(self) -> None:
+        """SIGTERM the dashboard, the agents (they stop their stages) and the router; then kill."""
+        for p in reversed(self.procs):
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in reversed(self.procs):
+            try:
+                p.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.popen.pid, 9)
+                p.popen.wait(5)

@@ -1,0 +1,149 @@
+"""The dashboard flow across network namespaces: three node agents at their own IPs on the
+emulated 1 GbE LAN (e2e/lan), the router, dashboard and browser in a control namespace.
+
+Nodes are added by address and through zeroconf on the bridge; the plan preview shows the
+measured link matrix and the predicted performance (read from the page and compared with
+/api/state); the model is copied across the LAN, launched over two nodes and answers a chat
+through the router. Skipped, with the reason, where the LAN cannot be built (not root).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import requests
+from playwright.sync_api import expect
+
+from e2e.conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, ARTIFACTS
+from orchestrator.demo_stack import MODEL_ID
+from orchestrator.proc import wait_until
+
+from .netns import Lan, joined, remove_leftovers, unavailable
+from .profiles import PROFILES
+from .stack import LanStack, StackError
+
+WHY = unavailable()
+pytestmark = [pytest.mark.incremental, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
+PROFILE = "1gbe"
+
+
+@pytest.fixture(scope="module")
+def lan_stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    remove_leftovers()
+    with Lan(PROFILES[PROFILE], 3) as lan:
+        stack = LanStack(lan, tmp_path_factory.mktemp("lan-stack"))
+        try:
+            stack.start(demo_model)
+            with joined(lan.control):  # this thread (requests, the browser it starts) lives on the LAN
+                yield stack
+        except StackError as exc:
+            pytest.fail(f"the LAN stack did not start: {exc}", pytrace=False)
+        finally:
+            stack.stop()
+            print(stack.logs())
+
+
+@pytest.fixture(scope="module")
+def page(lan_stack):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+
+    pw = sync_playwright().start()  # started inside the control namespace: so is Chromium
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(20_000)
+    yield context.new_page()
+    browser.close()
+    pw.stop()
+
+
+def api_state(stack: LanStack) -> dict:
+    r = requests.get(stack.url + "/api/state", headers={"Authorization": f"Bearer {stack.admin_token}"}, timeout=10)
+    r.raise_for_status()
+    return r.json()
+
+
+def node_entry(page, name: str):
+    return page.locator("#nodes").locator("tr, li").filter(has=page.get_by_text(name, exact=True)).first
+
+
+def test_1_nodes_at_their_own_addresses_by_address_and_by_zeroconf(lan_stack, page):
+    s = lan_stack
+    page.goto(s.url)
+    page.get_by_label("Token").fill(s.admin_token)
+    page.get_by_role("button", name="Log in").click()
+    page.get_by_role("navigation").get_by_role("link", name="Settings", exact=True).click()
+    page.get_by_label("Enable distributed serving").check()
+    page.get_by_role("button", name="Save").click()
+    wait_until(lambda: api_state(s)["settings"]["distributed_enabled"], 10, message="distributed serving on")
+    page.get_by_role("navigation").get_by_role("link", name="Models", exact=True).click()
+    page.get_by_role("tab", name="Distributed").click()
+    a, b, c = s.lan.nodes
+    for node in (a, c):
+        page.get_by_label("Address", exact=True).fill(s.address(node))
+        page.get_by_label("Pairing token", exact=True).fill(s.tokens[node.name])
+        page.get_by_role("button", name="Add node").click()
+        expect(node_entry(page, node.name)).to_contain_text("Reachable")
+    found = page.locator("#nodes li", has_text=s.address(b))
+    expect(found.get_by_role("button", name="Register")).to_be_visible(timeout=45_000)  # zeroconf on the bridge
+    found.get_by_label(re.compile("Pairing token")).fill(s.tokens[b.name])
+    found.get_by_role("button", name="Register").click()
+    expect(node_entry(page, b.name)).to_contain_text("Reachable")
+    urls = sorted(n["url"] for n in api_state(s)["nodes"])
+    assert urls == [f"http://{n.ip}:39500" for n in (a, b, c)], urls  # three distinct node IPs
+
+
+def test_2_plan_preview_shows_measured_links_and_predictions(lan_stack, page):
+    s = lan_stack
+    page.get_by_label("Model", exact=True).select_option(MODEL_ID)
+    for name in ("node-a", "node-b"):
+        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
+    page.get_by_label("Context length").fill("2048")
+    page.get_by_role("button", name="Preview shard plan").click()
+    plan = page.locator("#plan-preview")
+    matrix = plan.get_by_role("table", name="link matrix")
+    expect(matrix).to_be_visible()
+    # measured in the background, then pushed: every off-diagonal cell reads 'x ms · y Gbit/s'
+    cell = re.compile(r"(\d+\.\d+) ms · (\d+\.\d+) Gbit/s")
+    expect(matrix.locator("tbody tr").nth(0).locator("td").nth(1)).to_contain_text(cell, timeout=60_000)
+    expect(matrix.locator("tbody tr").nth(1).locator("td").nth(0)).to_contain_text(cell, timeout=60_000)
+    text = matrix.locator("tbody tr").nth(0).locator("td").nth(1).inner_text()
+    rtt, gbps = map(float, cell.search(text).groups())
+    assert 0.2 < rtt < 5 and 0.2 < gbps < 1.3, text  # the 1 GbE profile: 0.3 ms plus the relay, <= 1 Gbit/s
+    links = api_state(s)["links"]
+    ia, ib = links["nodes"].index("node-a"), links["nodes"].index("node-b")
+    assert links["rows"][ia][ib]["rtt_ms"] == pytest.approx(rtt, abs=0.01)
+    # the layers are timed on node-a (it holds the model); then the plan is previewed again
+    pred = plan.get_by_label("predicted performance")
+    expect(pred).to_contain_text("Decode, 1 request", timeout=240_000)
+    body = pred.inner_text()
+    tps = float(re.search(r"Decode, 1 request\s+([\d.]+) tok/s", body).group(1))
+    assert tps > 0
+    for words in ("at 16 requests", "-token prompt", "Bottleneck", "node-a → node-b"):
+        assert words in body.replace("1k-token", "-token"), (words, body)
+    perf = api_state(s)["plan"]["performance"]
+    assert f"{perf['decode_tps_1']:.1f}" == f"{tps:.1f}"
+    assert [p["x"] for p in perf["ttft_s"]] == [1024, 8192]
+    page.screenshot(path=str(ARTIFACTS / "lan-plan.png"), full_page=True)
+
+
+def test_3_prepare_launch_and_chat_across_namespaces(lan_stack, page):
+    s = lan_stack
+    page.get_by_role("button", name="Prepare on all nodes").click()
+    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
+    page.get_by_role("button", name="Launch cluster").click()
+    expect(page.locator("#cluster-monitor").get_by_text("Healthy", exact=True).first).to_be_visible(timeout=240_000)
+    [session] = api_state(s)["sessions"]
+    assert {st["host"] for st in session["stages"]} == {s.lan.nodes[0].ip, s.lan.nodes[1].ip}
+    wait_until(lambda: MODEL_ID in [m["id"] for m in requests.get(s.router_url + "/v1/models", timeout=5)
+                                    .json().get("data", [])], 30, message="the router to list the model")
+    r = requests.post(s.router_url + "/v1/chat/completions", timeout=120, json={
+        "model": MODEL_ID, "max_tokens": 12, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    assert r.status_code == 200, r.text
+    assert "Paris" in r.json()["choices"][0]["message"]["content"]
+    page.get_by_role("button", name="Stop cluster").click()
+    wait_until(lambda: not api_state(s)["sessions"], 60, message="the session to stop")
