@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, CacheList
 
 
 class BatchUnavailable(RuntimeError):
@@ -147,30 +147,54 @@ class RowMasks:
 
 
 def batch_caches(caches: list[list[Any]]) -> list[Any]:
-    """Layer by layer, the B requests' caches as one batch cache (RowStates or RowCaches)."""
+    """Layer by layer, the B requests' caches as one batch cache (RowStates, RowCaches or,
+    for a layer holding several caches, a CacheList of those)."""
+    return [_batch_layer(list(layer_caches)) for layer_caches in zip(*caches)]
+
+
+def _batch_layer(rows: list[Any]) -> Any:
+    if all(type(c) is ArraysCache for c in rows):
+        return RowStates(rows)
+    if all(type(c) is CacheList and len(c.caches) == len(rows[0].caches) for c in rows):
+        # A hybrid layer's members (Falcon-H1: SSM state and KV cache), each batched by its kind.
+        return CacheList(*(_batch_layer([c.caches[i] for c in rows]) for i in range(len(rows[0].caches))))
+    if all(hasattr(c, "update_and_fetch") for c in rows):
+        return RowCaches(rows)
+    raise BatchUnavailable(f"no batched form for {type(rows[0]).__name__}")
+
+
+def batch_parts(batched: list[Any]) -> list[Any]:
+    """The RowCaches and RowStates of a batch's layer caches, CacheList members included."""
     out = []
-    for layer_caches in zip(*caches):
-        if all(type(c) is ArraysCache for c in layer_caches):
-            out.append(RowStates(list(layer_caches)))
-        elif all(hasattr(c, "update_and_fetch") for c in layer_caches):
-            out.append(RowCaches(list(layer_caches)))
-        else:
-            raise BatchUnavailable(f"no batched form for {type(layer_caches[0]).__name__}")
+    for cache in batched:
+        out.extend(batch_parts(list(cache.caches)) if isinstance(cache, CacheList) else [cache])
     return out
 
 
-def snapshot(caches: list[list[Any]]) -> list[list[dict[str, Any]]]:
-    """Every cache's fields (MLX arrays are immutable values, so references suffice)."""
-    return [[{k: list(v) if isinstance(v, list) else v for k, v in vars(c).items()} for c in cache]
-            for cache in caches]
+def snapshot(caches: list[list[Any]]) -> list[list[Any]]:
+    """Every cache's fields, a CacheList's members' too (MLX arrays are immutable values, so
+    references suffice)."""
+    return [[_fields(c) for c in cache] for cache in caches]
 
 
-def restore(caches: list[list[Any]], saved: list[list[dict[str, Any]]]) -> None:
+def _fields(c: Any) -> tuple[dict[str, Any], list[Any]]:
+    members = [_fields(m) for m in c.caches] if isinstance(c, CacheList) else []
+    return {k: list(v) if isinstance(v, list) else v for k, v in vars(c).items()}, members
+
+
+def restore(caches: list[list[Any]], saved: list[list[Any]]) -> None:
     """Put every cache back as `snapshot` found it."""
     for cache, fields in zip(caches, saved):
         for c, f in zip(cache, fields):
-            vars(c).clear()
-            vars(c).update(f)
+            _put_back(c, f)
+
+
+def _put_back(c: Any, saved: tuple[dict[str, Any], list[Any]]) -> None:
+    fields, members = saved
+    vars(c).clear()
+    vars(c).update(fields)
+    for m, f in zip(c.caches if members else (), members):
+        _put_back(m, f)
 
 
 def install_row_attention() -> None:

@@ -21,8 +21,8 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
 from . import support
-from .batch import (BatchUnavailable, RowCaches, RowStates, batch_caches, install_row_attention, restore, snapshot,
-                    split_attention_by_row)
+from .batch import (BatchUnavailable, RowCaches, RowStates, batch_caches, batch_parts, install_row_attention, restore,
+                    snapshot, split_attention_by_row)
 from .stubs import Entry, Exit, Hollow, Skip
 
 
@@ -173,9 +173,10 @@ class StageModel:
     def _forward_rows(self, xs: list[mx.array], caches: list[list[Any]]) -> list[mx.array]:
         rows = batch_caches(caches)
         out = self.forward(mx.concatenate(xs, axis=0), rows)
-        if not all(r.consumed() for r in rows if isinstance(r, RowCaches)):
+        parts = batch_parts(rows)
+        if not all(r.consumed() for r in parts if isinstance(r, RowCaches)):
             raise BatchUnavailable("the family's attention does not go through mlx-lm's shared attention")
-        for r in rows:
+        for r in parts:
             if isinstance(r, RowStates):
                 r.write_back()
         return [out[b:b + 1] for b in range(len(xs))]

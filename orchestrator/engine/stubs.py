@@ -27,7 +27,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache
 
 # Plain attributes the family's __call__ or make_cache read off a layer (block_type,
-# is_linear, use_sliding, ...) are copied onto its stand-in; modules and arrays are not.
+# is_linear, use_sliding, ...) or off its sub-modules are copied onto its stand-in; arrays
+# are not.
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -55,14 +56,31 @@ def _caches_in(args: tuple, kwargs: dict) -> list[Any]:
     return [a for a in (*args, *kwargs.values()) if hasattr(a, "update_and_fetch") or isinstance(a, (ArraysCache, CacheList))]
 
 
+def _copy_plain(source: nn.Module, target: nn.Module) -> None:
+    """Copy `source`'s plain attributes onto `target`, and its sub-modules as `Shadow`s."""
+    for key, value in vars(source).items():
+        if not key.startswith("_") and isinstance(value, _PLAIN):
+            setattr(target, key, value)
+    for key, value in source.items():
+        if isinstance(value, nn.Module):
+            target[key] = Shadow(value)
+
+
+class Shadow(nn.Module):
+    """A skipped layer's sub-module reduced to its plain attributes, weightless and never called:
+    some families' make_cache reads them there (EXAONE 4's `layer.self_attn.is_local`)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        _copy_plain(module, self)
+
+
 class Skip(nn.Module):
     """A layer outside the stage's range: identity on the hidden state, cache kept in step."""
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
-        for key, value in vars(layer).items():
-            if not key.startswith("_") and isinstance(value, _PLAIN):
-                setattr(self, key, value)
+        _copy_plain(layer, self)
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         for cache in _caches_in(args, kwargs):

@@ -37,6 +37,20 @@ FAMILIES: dict[str, str] = {
     "olmo2": "OLMo 2",
     "nemotron_h": "Nemotron-H (hybrid Mamba)",
     "jamba": "Jamba (hybrid Mamba, MoE)",
+    "gemma": "Gemma 1",
+    "starcoder2": "StarCoder2",
+    "internlm2": "InternLM2 / 2.5",
+    "internlm3": "InternLM3",
+    "minicpm": "MiniCPM (muP scalings)",
+    "seed_oss": "Seed-OSS",
+    "apertus": "Apertus (xIELU)",
+    "smollm3": "SmolLM3 (no-RoPE layers)",
+    "exaone4": "EXAONE 4.0 (sliding/global pattern)",
+    "cohere2": "Command R7B / Command A (sliding/global, parallel blocks)",
+    "olmo3": "OLMo 3 (sliding/global pattern)",
+    "hunyuan_v1_dense": "Hunyuan dense",
+    "lfm2": "LFM2 (hybrid short convolutions)",
+    "falcon_h1": "Falcon-H1 (parallel attention + Mamba2)",
 }
 
 # The one kind of adapter: families whose attention uses the keys it fetched from the cache

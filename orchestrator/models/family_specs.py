@@ -17,8 +17,8 @@ class FamilySpec:
     `config` holds the family-specific keys (vocabulary and token ids are added when
     building). `layer_pattern` describes the layer stack, one space-separated code per
     layer: the mixer (F full attention, S sliding-window attention, N attention without
-    RoPE, L linear attention, M Mamba, - none) then the MLP (D dense, E mixture of
-    experts, - none). `scale` is the weight scale that gives varied greedy output and
+    RoPE, L linear attention, M Mamba, P attention and Mamba in parallel, C gated short
+    convolution, - none) then the MLP (D dense, E mixture of experts, - none). `scale` is the weight scale that gives varied greedy output and
     `embed_std` the embedding's. `omit` lists weight-name prefixes left out of the saved
     file because published checkpoints lack them (the loader then ties the head).
     `quants` are the quantizations this family accepts; all five load and generate with
