@@ -27,6 +27,7 @@ from .state import Node, Session, Settings, State
 from .transitions import apply
 
 if TYPE_CHECKING:
+    from .download_state import HubRef
     from ..planner import Plan, Refusal
 
 PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
@@ -61,6 +62,9 @@ class Orchestrator:
         from .watcher import Watcher
 
         self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s)
+        from .models import ModelManager
+
+        self.models = ModelManager(self)  # Models tab: hub downloads, single-node serving, deletion
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self) -> "Orchestrator":
@@ -71,6 +75,7 @@ class Orchestrator:
         for s in self._state.sessions:
             self._spawn(self._recover, s)
         self.watcher.start()
+        self.models.resume()  # downloads that were running when the dashboard stopped
         if self._discovery:
             from ..agent.discovery import NodeBrowser
 
@@ -90,6 +95,7 @@ class Orchestrator:
     def stop(self) -> None:
         """Stop the thread and the watcher (running sessions keep running; leases keep them honest)."""
         self.watcher.stop()
+        self.models.stop()  # downloads go on in the agents; the next start follows them again
         if self._browser is not None:
             self._browser.close()
         self._inbox.put(None)
@@ -211,8 +217,9 @@ class Orchestrator:
         self._call(remove)
 
     # --- preparation --------------------------------------------------------------------
-    def prepare(self, model_id: str, node_ids: list[str]) -> None:
-        """Start getting the model onto every node (progress arrives as events)."""
+    def prepare(self, model_id: str, node_ids: list[str], hub: "HubRef | None" = None) -> None:
+        """Start getting the model onto every node (progress arrives as events); when no node has
+        it yet and `hub` is given, one node downloads it from the hub and the others copy it."""
         def check() -> dict[str, AgentClient]:
             prep = self._state.preparation
             if prep is not None and not prep.finished:
@@ -226,7 +233,7 @@ class Orchestrator:
         names = {n.id: n.name for n in self._state.nodes}
         from .preparer import prepare
 
-        self._spawn(prepare, model_id, targets, everyone, self.post, names)
+        self._spawn(prepare, model_id, targets, everyone, self.post, names, hub)
 
     # --- plans and sessions --------------------------------------------------------------
     def preview_plan(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,

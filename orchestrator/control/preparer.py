@@ -3,18 +3,22 @@
 The reference manifest (per-file size and sha256) comes from a node that already has the
 model. Each selected node is checked against it — Present, Needs download, or Mismatch —
 and every node that lacks it fetches it over the LAN from a peer that has it (the peer
-that served fastest so far first). Progress is posted as events until all are Present
+that served fastest so far first, every holder serving a share). When no node has it and a hub
+repository is named, one node downloads it from the hub first. Progress is posted as events until all are Present
 and verified, or a node fails with its reason.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
 from ..agent.client import AgentClient, AgentError
 from ..agent.schemas import Manifest
 from . import events as ev
+from .download_state import HubRef, NodeDownload
+from .fetching import fetch_from_hub
 from .state import NodePreparation, Preparation
 
 Post = Callable[[ev.Event], None]
@@ -54,14 +58,48 @@ def fastest_first(peers: dict[str, AgentClient], probes: int = 3) -> list[str]:
     return sorted(peers, key=lambda n: timed[n])
 
 
+def _from_hub(model_id: str, hub: HubRef, targets: dict[str, AgentClient], post: Post,
+              names: dict[str, str]) -> tuple[str, Manifest]:
+    """No node has the model: the first selected node downloads it from the hub (once)."""
+    first = next(iter(targets))
+    label = f"hub {hub.label}"
+
+    def report(entry: NodeDownload) -> None:
+        post(ev.PreparationProgressed(node=NodePreparation(
+            node_id=first, status="downloading", verdict="needs_download", source=label, done_bytes=entry.done_bytes,
+            total_bytes=entry.total_bytes, rate_bps=entry.rate_bps, detail=entry.detail or "downloading from the hub")))
+
+    report(NodeDownload(node_id=first))
+    info = fetch_from_hub(targets[first], model_id, hub, NodeDownload(node_id=first), report, threading.Event())
+    if info.state != "done":
+        raise PrepareFailed(f"{names.get(first, first)}: the download of {hub.label} from the hub failed: "
+                            f"{info.error or info.state}")
+    manifest = targets[first].model(model_id).manifest
+    assert manifest is not None
+    return first, manifest
+
+
 def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, AgentClient], post: Post,
-            names: dict[str, str], poll_s: float = 0.25, timeout_s: float = 3600.0) -> bool:
-    """Run the preparation; posts PreparationStarted/Progressed/Finished. Returns whether all are Present."""
+            names: dict[str, str], hub: HubRef | None = None, poll_s: float = 0.25, timeout_s: float = 3600.0) -> bool:
+    """Run the preparation; posts PreparationStarted/Progressed/Finished. Returns whether all are Present.
+
+    When no registered node has the model and `hub` is given, the first selected node downloads it
+    from the hub and the others copy it from there over the LAN (the table names each node's source).
+    """
     post(ev.PreparationStarted(preparation=Preparation(
         model_id=model_id, nodes=tuple(NodePreparation(node_id=n) for n in targets))))
     try:
-        source_id, manifest = reference_manifest(model_id, {**targets, **everyone})
+        from_hub = None
+        try:
+            source_id, manifest = reference_manifest(model_id, {**targets, **everyone})
+        except PrepareFailed:
+            if hub is None:
+                raise
+            source_id, manifest = from_hub = _from_hub(model_id, hub, targets, post, names)
         states = {n: _check(n, model_id, c, manifest) for n, c in targets.items()}
+        if from_hub is not None and states[source_id].status == "present":
+            states[source_id] = states[source_id].model_copy(update={
+                "verdict": "needs_download", "source": f"hub {hub.label}", "detail": "downloaded from the hub"})
         for n, st in states.items():
             post(ev.PreparationProgressed(node=st))
         holders = [source_id] + [n for n, st in states.items() if st.status == "present" and n != source_id]
@@ -69,14 +107,14 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
         downloading: dict[str, str] = {}
         for n, st in states.items():
             if st.status in ("needs_download", "mismatch"):
-                peer_id = peers[0]
-                peer = everyone.get(peer_id) or targets[peer_id]
-                targets[n].fetch_from_peer(model_id, peer, manifest)
-                downloading[n] = peer_id
+                # Every holder serves a share of the bytes (files or ranges), fastest first.
+                label = ", ".join(names.get(p, p) for p in peers)
+                targets[n].fetch_from_peers(model_id, [everyone.get(p) or targets[p] for p in peers], manifest)
+                downloading[n] = label
                 post(ev.PreparationProgressed(node=st.model_copy(update={
-                    "status": "downloading", "verdict": st.status, "source": names.get(peer_id, peer_id),
+                    "status": "downloading", "verdict": st.status, "source": label,
                     "detail": f"{'replacing mismatched files' if st.status == 'mismatch' else 'copying'} "
-                              f"from {names.get(peer_id, peer_id)}"})))
+                              f"over the LAN from {label}"})))
         deadline = time.monotonic() + timeout_s
         while downloading:
             if time.monotonic() > deadline:
@@ -87,15 +125,15 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
                 node = NodePreparation(node_id=n, status="downloading", verdict=states[n].status,
                                        done_bytes=info.done_bytes,
                                        total_bytes=info.total_bytes, rate_bps=info.rate_bps,
-                                       source=names.get(downloading[n], downloading[n]),
+                                       source=downloading[n],
                                        detail=info.current_file or "")
                 if info.state == "running":
                     post(ev.PreparationProgressed(node=node))
                     continue
-                del downloading[n]
+                label = downloading.pop(n)
                 if info.state == "done":
                     node = _check(n, model_id, targets[n], manifest)  # verified again, by the node itself
-                    node = node.model_copy(update={"verdict": states[n].status})
+                    node = node.model_copy(update={"verdict": states[n].status, "source": label})
                 else:
                     node = node.model_copy(update={"status": "failed", "detail": info.error or info.state})
                 post(ev.PreparationProgressed(node=node))

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..agent.schemas import Report
+from .download_state import ModelDownload
 
 
 class _Frozen(BaseModel):
@@ -220,6 +221,7 @@ class State(_Frozen):
     sessions: tuple[Session, ...] = ()  # live: launching, running or stopping
     history: tuple[Session, ...] = ()  # recently ended (newest last), for the monitor's final word
     preparation: Preparation | None = None
+    downloads: tuple[ModelDownload, ...] = ()  # Models tab: hub downloads and their LAN copies
     plan: dict | None = None  # the last previewed plan (planner JSON), shown to every viewer
     version: int = 0
 

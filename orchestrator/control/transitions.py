@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import events as ev
+from .download_events import DOWNLOAD_KINDS, apply_download
 from .recovery import recovery_steps
 from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
 
@@ -97,6 +98,8 @@ def apply(state: State, event: ev.Event) -> State:
 
 
 def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per event kind)
+    if e.kind in DOWNLOAD_KINDS:  # the Models tab's downloads: their own module
+        return apply_download(state, e)
     if isinstance(e, ev.SettingsChanged):
         return state.model_copy(update={"settings": e.settings})
     if isinstance(e, ev.NodeRegistered):

@@ -1,6 +1,11 @@
 """Copy throughput between two agents on loopback vs a plain file copy on the same disk.
 
-    .venv/bin/python tests/agent/bench_transfer.py [--model DIR] [--runs 3]
+    .venv/bin/python tests/agent/bench_transfer.py [--model DIR] [--runs 3] [--before DIR] [--no-plain]
+
+`--before DIR`: a checkout of an earlier pipeserve (`git worktree add DIR <commit>`) whose
+agents are measured in the same run, alternating with this one's, for a before/after
+under the same load. Contenders: one source agent, and two source agents holding the same
+model (the copy takes files or byte ranges from both).
 
 Default model: the SmolLM2 demo import in the pipeserve cache (~540 MB; made with
 `pipeserve import-demo-model` when absent). Both sides run with a warm page cache (the
@@ -49,13 +54,15 @@ def plain_copy(src: Path, dst: Path, fsync: bool) -> float:
     return time.perf_counter() - t0
 
 
-def start_agent(root: Path, name: str) -> tuple[subprocess.Popen, AgentClient]:
+def start_agent(root: Path, name: str, code: Path | None = None) -> tuple[subprocess.Popen, AgentClient]:
     port = free_port()
     (root / name / "models").mkdir(parents=True, exist_ok=True)
     log = open(root / f"{name}.log", "wb")
+    env = {**os.environ, "PYTHONPATH": str(code)} if code else None  # that checkout's agent
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "agent", "--port", str(port), "--name", name,
                              "--models-dir", str(root / name / "models"), "--state-dir", str(root / name / "state"),
-                             "--no-advertise"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             "--no-advertise"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=code, env=env)
     client = AgentClient(f"http://127.0.0.1:{port}", timeout=600)
     for _ in range(400):
         try:
@@ -68,12 +75,42 @@ def start_agent(root: Path, name: str) -> tuple[subprocess.Popen, AgentClient]:
     return proc, client
 
 
+def start_side(root: Path, model: Path, code: Path | None, tag: str) -> dict:
+    """Three agents of one checkout: a and c hold the model (hard links), b receives copies."""
+    agents = {n: start_agent(root / tag, n, code) for n in ("a", "b", "c")}
+    for n in ("a", "c"):
+        shutil.copytree(model, root / tag / n / "models" / "m", copy_function=os.link)
+    clients = {n: c for n, (_, c) in agents.items()}
+    manifest = clients["a"].model("m").manifest
+    clients["c"].model("m")  # both sources hash once, before any clock runs
+    return {"tag": tag, "root": root / tag, "agents": agents, "manifest": manifest, "multi": code is None}
+
+
+def copy_once(side: dict, size: int) -> dict[str, float]:
+    """One verified copy to b from a, then (this checkout only) from a and c at once."""
+    a, b, c = (side["agents"][n][1] for n in ("a", "b", "c"))
+    out = {}
+    for sources in ([a], [a, c]) if side["multi"] else ([a],):
+        shutil.rmtree(side["root"] / "b" / "models" / "m", ignore_errors=True)
+        t0 = time.perf_counter()
+        if len(sources) > 1:
+            b.fetch_from_peers("m", sources, side["manifest"])
+        else:
+            b.fetch_from_peer("m", a, side["manifest"])
+        done = b.wait_download("m", timeout=600, poll_s=0.02)
+        out[f"{side['tag']} {len(sources)} peer{'s' if len(sources) > 1 else ''}"] = time.perf_counter() - t0
+        assert done.state == "done" and done.transferred_bytes >= size, done
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=Path.home(),
                         help="where the copies go (default: home, the disk of the pipeserve cache)")
+    parser.add_argument("--before", type=Path, default=None, help="an earlier checkout to compare with")
+    parser.add_argument("--no-plain", action="store_true", help="skip the plain file copies")
     args = parser.parse_args()
     model = args.model or default_model()
     size = sum(f.stat().st_size for f in model.iterdir() if f.is_file())
@@ -83,34 +120,30 @@ def main() -> None:
         root = Path(tmp)
         for f in model.iterdir():  # warm the page cache for every contender alike
             f.read_bytes()
-        results: dict[str, list[float]] = {"copyfile": [], "copyfile+fsync": [], "agent->agent": []}
-        for i in range(args.runs):
+        results: dict[str, list[float]] = {"copyfile": [], "copyfile+fsync": []}
+        for i in range(0 if args.no_plain else args.runs):
             results["copyfile"].append(plain_copy(model, root / f"plain{i}", fsync=False))
             shutil.rmtree(root / f"plain{i}")
             results["copyfile+fsync"].append(plain_copy(model, root / f"sync{i}", fsync=True))
             shutil.rmtree(root / f"sync{i}")
-        pa, a = start_agent(root, "a")
-        pb, b = start_agent(root, "b")
+        sides = [start_side(root, model, code, tag) for code, tag in
+                 (((args.before, "before"),) if args.before else ()) + ((None, "now"),)]
         try:
-            shutil.copytree(model, root / "a" / "models" / "m")
-            t0 = time.perf_counter()
-            manifest = a.model("m").manifest
-            hash_s = time.perf_counter() - t0
+            # One copy of each side at a time, alternating, so both see the same machine load.
             for _ in range(args.runs):
-                shutil.rmtree(root / "b" / "models" / "m", ignore_errors=True)
-                t0 = time.perf_counter()
-                b.fetch_from_peer("m", a, manifest)
-                done = b.wait_download("m", timeout=600, poll_s=0.02)
-                results["agent->agent"].append(time.perf_counter() - t0)
-                assert done.state == "done" and done.transferred_bytes == size, done
+                for side in sides:
+                    for key, t in copy_once(side, size).items():
+                        results.setdefault(key, []).append(t)
         finally:
-            for p in (pa, pb):
-                p.terminate()
-                p.wait(30)
-        print(f"first manifest on the source agent (sha256 of {mb:.0f} MB): {hash_s:.2f} s ({mb / hash_s:.0f} MB/s)")
+            for side in sides:
+                for proc, _ in side["agents"].values():
+                    proc.terminate()
+                    proc.wait(30)
         for name, times in results.items():
+            if not times:
+                continue
             med = statistics.median(times)
-            print(f"{name:>15}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
+            print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,81 @@
+"""Events of model downloads (past tense) and how they change the state (pure)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .download_state import DownloadPhase, ModelDownload, NodeDownload
+from .events import Event
+from .state import State
+
+KEPT = 8  # finished downloads kept for the dashboard (running ones are always kept)
+
+
+class ModelDownloadStarted(Event):
+    """A download was requested (or resumed after a dashboard restart)."""
+
+    kind: Literal["model_download_started"] = "model_download_started"
+    download: ModelDownload
+
+
+class ModelDownloadProgressed(Event):
+    """A target node's status or byte counts changed."""
+
+    kind: Literal["model_download_progressed"] = "model_download_progressed"
+    model_id: str
+    node: NodeDownload
+
+
+class ModelDownloadListed(Event):
+    """The hub's listing pinned the commit and the size."""
+
+    kind: Literal["model_download_listed"] = "model_download_listed"
+    model_id: str
+    commit: str
+    total_bytes: int
+    files: int
+
+
+class ModelDownloadFinished(Event):
+    """Every target is verified, or the download failed or was cancelled."""
+
+    kind: Literal["model_download_finished"] = "model_download_finished"
+    model_id: str
+    phase: DownloadPhase
+    error: str = ""
+
+
+DOWNLOAD_KINDS = frozenset({"model_download_started", "model_download_progressed", "model_download_listed",
+                            "model_download_finished"})
+
+
+def _replace(state: State, model_id: str, fn) -> State:
+    downloads = tuple(fn(d) if d.model_id == model_id else d for d in state.downloads)
+    return state.model_copy(update={"downloads": downloads})
+
+
+def apply_download(state: State, e: Event) -> State:
+    """The state after a download event (unknown models change nothing)."""
+    if isinstance(e, ModelDownloadStarted):
+        others = tuple(d for d in state.downloads if d.model_id != e.download.model_id)
+        done = [d for d in others if d.finished]
+        drop = {id(d) for d in done[:max(0, len(done) - KEPT)]}
+        return state.model_copy(update={"downloads": tuple(d for d in others if id(d) not in drop) + (e.download,)})
+    if isinstance(e, ModelDownloadProgressed):
+        return _replace(state, e.model_id, lambda d: d.model_copy(update={"nodes": tuple(
+            e.node if n.node_id == e.node.node_id else n for n in d.nodes)}))
+    if isinstance(e, ModelDownloadListed):
+        return _replace(state, e.model_id, lambda d: d.model_copy(update={
+            "commit": e.commit, "total_bytes": e.total_bytes, "files": e.files}))
+    if isinstance(e, ModelDownloadFinished):
+        return _replace(state, e.model_id, lambda d: d.model_copy(update={"phase": e.phase, "error": e.error}))
+    return state
+
+
+def verified_holders(state: State, model_id: str) -> set[str]:
+    """Nodes whose copy of the model the control plane saw verified (a download or a preparation)."""
+    held = {n.node_id for d in state.downloads if d.model_id == model_id for n in d.nodes if n.status == "verified"}
+    prep = state.preparation
+    if prep is not None and prep.model_id == model_id:
+        held |= {n.node_id for n in prep.nodes if n.status == "present"}
+    return held

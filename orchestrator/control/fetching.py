@@ -1,0 +1,99 @@
+"""Following an agent's download job to its end, through agent restarts (the I/O edge).
+
+Shared by the Models tab's downloads and by Prepare on all nodes: a job is started (or
+joined: a fetch of the same request is idempotent), polled, and started again when the
+agent came back without it (restarted: the fetch resumes from the partial files it kept)
+or stopped it while shutting down. Only the control plane's own cancel ends it early.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ..agent.client import AgentClient, AgentError
+from ..agent.schemas import DownloadInfo, Manifest
+from .download_state import HubRef, NodeDownload
+
+Report = Callable[[NodeDownload], None]
+RESTART_WAIT_S = 1.0
+
+
+class FetchCancelled(Exception):
+    """The control plane cancelled the download."""
+
+
+class FetchDetached(Exception):
+    """The control plane is stopping: the agent's job goes on, a restarted dashboard follows it again."""
+
+
+def progress_entry(base: NodeDownload, info: DownloadInfo) -> NodeDownload:
+    """A node's entry from its job's progress: bytes, rate and time left (pure)."""
+    left = max(0, info.total_bytes - info.done_bytes)
+    eta = left / info.rate_bps if info.rate_bps > 0 else None
+    return base.model_copy(update={"done_bytes": info.done_bytes, "total_bytes": info.total_bytes,
+                                   "rate_bps": info.rate_bps, "eta_s": None if eta is None else round(eta, 1),
+                                   "detail": info.current_file or ""})
+
+
+def follow(client: AgentClient, model_id: str, start: Callable[[], DownloadInfo], entry: NodeDownload,
+           report: Report, cancel: threading.Event, poll_s: float = 0.25, timeout_s: float = 6 * 3600,
+           detach: threading.Event | None = None) -> DownloadInfo:
+    """Run one node's job to its end and return its final info (done, failed, or cancelled by the agent's
+    user); FetchCancelled when `cancel` is set (the job is then cancelled on the agent, partial files dropped),
+    FetchDetached when `detach` is (the job goes on)."""
+    deadline = time.monotonic() + timeout_s
+    started = False
+    while True:
+        if detach is not None and detach.is_set():
+            raise FetchDetached
+        if cancel.is_set():
+            try:
+                client.cancel(model_id, discard=True)
+            except AgentError:
+                pass  # gone or never started: nothing to stop there
+            raise FetchCancelled
+        if time.monotonic() > deadline:
+            raise AgentError(408, f"download of {model_id} still running after {timeout_s:.0f} s", "timeout")
+        try:
+            info = client.progress(model_id) if started else start()
+            started = True
+        except AgentError as exc:
+            if exc.status == 0:  # the agent is down (restarting?): wait for it
+                report(entry.model_copy(update={"detail": "agent unreachable: waiting for it to come back"}))
+                cancel.wait(RESTART_WAIT_S)
+                continue
+            if exc.status == 404 and started:  # it came back without the job: fetch again (resumes)
+                started = False
+                continue
+            raise
+        if info.state == "running":
+            report(progress_entry(entry, info))
+            cancel.wait(poll_s)
+            continue
+        if info.state == "cancelled" and not cancel.is_set():  # stopped by the agent's shutdown
+            started = False
+            cancel.wait(RESTART_WAIT_S)
+            continue
+        return info
+
+
+def hub_source(hub: HubRef) -> dict[str, str]:
+    """The agent's fetch source for a hub repository."""
+    return {"kind": "hf", "repo_id": hub.repo_id, "revision": hub.revision}
+
+
+def fetch_from_hub(client: AgentClient, model_id: str, hub: HubRef, entry: NodeDownload, report: Report,
+                   cancel: threading.Event, detach: threading.Event | None = None) -> DownloadInfo:
+    """One node downloads the repository from the hub."""
+    return follow(client, model_id, lambda: client.fetch(model_id, hub_source(hub)), entry, report, cancel,
+                  detach=detach)
+
+
+def copy_over_lan(client: AgentClient, model_id: str, manifest: Manifest, holders: list[AgentClient],
+                  entry: NodeDownload, report: Report, cancel: threading.Event,
+                  detach: threading.Event | None = None) -> DownloadInfo:
+    """One node copies the model from every holder at once (fresh tickets at each (re)start)."""
+    return follow(client, model_id, lambda: client.fetch_from_peers(model_id, holders, manifest), entry, report,
+                  cancel, detach=detach)
