@@ -11,6 +11,7 @@ from .auth import admin_required
 from .components import render
 from .forms import FormError, integer, selection, settings_from
 from .services import current_services, view_context
+from .views.cluster import serving_conflict
 
 bp = Blueprint("actions", __name__)
 
@@ -141,9 +142,15 @@ def prepare():
 @admin_required
 def launch():
     """Launch cluster (ordered, all or nothing; the timeline arrives over the websocket)."""
+    orch = current_services().orchestrator
     try:
         model, nodes = selection(request.form)
-        current_services().orchestrator.launch_cluster(model, nodes, _context_length())
+        # Refused before planning: a plan would count the running stages' memory as taken, and
+        # its "does not fit" would replace the running cluster's plan on every screen.
+        busy = serving_conflict(orch.state, model, nodes)
+        if busy:
+            raise CommandRefused(busy)
+        orch.launch_cluster(model, nodes, _context_length())
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Launch cluster: {exc}")
     return _component("cluster-monitor")

@@ -8,7 +8,9 @@ one more is closed with 4429 and says why.
 Each socket has exactly one writer — the greenlet (gevent worker) flask-sock runs the
 handler on — which waits on its own subscription to the orchestrator's events and pushes
 what changed.
-A (re)connecting browser first gets every component it shows, so it is never stale.
+A (re)connecting browser first gets every component it shows, so it is never stale; so does a
+socket the event bus dropped for falling behind (it subscribes again and resends everything:
+a browser gets every component again, a program a new `{"type": "state"}` message).
 """
 
 from __future__ import annotations
@@ -95,6 +97,12 @@ def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
                 if not valid():
                     ws.close(ENDED, "your session ended: log in again")
                     return
+                if q.dropped.is_set():
+                    # The bus gave up on this socket (it fell too far behind): what is queued
+                    # is incomplete, so start over from a fresh snapshot instead of going quiet.
+                    q = orch.subscribe()
+                    ws.send(first())
+                    continue
                 if not events:
                     if not ws.connected:
                         return

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..logs import EventLogger
+from ..units import format_bytes
 from .inventory import Inventory, ModelNotFound
 from .jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
 from .copier import copy_from_peers
@@ -147,10 +148,10 @@ class Downloads:
         pending = sum(j.outstanding() for j in self._jobs.values() if j is not exclude)
         free = shutil.disk_usage(self.inventory.root).free
         if needed + pending + DISK_MARGIN > free:
-            busy = f", downloads in progress will still write {pending / 1e6:.1f} MB" if pending else ""
+            busy = f", downloads in progress will still write {format_bytes(pending)}" if pending else ""
             raise DiskSpaceError(f"not enough disk space in {self.inventory.root}: the download needs "
-                                 f"{needed / 1e6:.1f} MB (+{DISK_MARGIN >> 20} MiB margin){busy}, "
-                                 f"{free / 1e6:.1f} MB are free", "insufficient_disk_space")
+                                 f"{format_bytes(needed)} (+{format_bytes(DISK_MARGIN)} margin){busy}, "
+                                 f"{format_bytes(free)} are free", "insufficient_disk_space")
 
     def _reserve(self, job: Job, needed: int) -> None:
         """For a source that learns its size while running: check it, and count it from now on."""

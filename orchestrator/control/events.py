@@ -167,20 +167,33 @@ class SessionRemoved(Event):
     reason: str = ""
 
 
+class Subscription(queue.Queue):
+    """One subscriber's bounded queue, and whether the bus gave up on it.
+
+    A subscriber that fell `maxsize` events behind is dropped; `dropped` tells it so (its queue
+    no longer receives anything), and it must start again from a fresh snapshot of the state.
+    """
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize)
+        self.dropped = threading.Event()
+
+
 class EventBus:
     """Fan-out of applied events to subscribers; each gets its own bounded queue.
 
-    A subscriber that stops reading is dropped rather than allowed to block the orchestrator.
+    A subscriber that stops reading is dropped rather than allowed to block the orchestrator,
+    and its `Subscription.dropped` is set so it can resynchronise instead of going quiet.
     """
 
     def __init__(self, maxsize: int = 1000) -> None:
         self._lock = threading.Lock()
-        self._subscribers: list[queue.Queue] = []
+        self._subscribers: list[Subscription] = []
         self._maxsize = maxsize
 
-    def subscribe(self) -> queue.Queue:
+    def subscribe(self) -> Subscription:
         """A new queue that receives every event published from now on."""
-        q: queue.Queue = queue.Queue(self._maxsize)
+        q = Subscription(self._maxsize)
         with self._lock:
             self._subscribers.append(q)
         return q
@@ -191,12 +204,20 @@ class EventBus:
             if q in self._subscribers:
                 self._subscribers.remove(q)
 
-    def publish(self, event: Event) -> None:
-        """Deliver to every subscriber (non-blocking)."""
+    def subscribers(self) -> list[Subscription]:
+        """The current subscriptions (a copy)."""
         with self._lock:
-            subscribers = list(self._subscribers)
-        for q in subscribers:
+            return list(self._subscribers)
+
+    def drop(self, q: Subscription) -> None:
+        """Give up on a subscriber: stop delivering to it and tell it so."""
+        self.unsubscribe(q)
+        q.dropped.set()
+
+    def publish(self, event: Event) -> None:
+        """Deliver to every subscriber (non-blocking); one that is full is dropped."""
+        for q in self.subscribers():
             try:
                 q.put_nowait(event)
             except queue.Full:
-                self.unsubscribe(q)
+                self.drop(q)

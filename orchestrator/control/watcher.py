@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -18,6 +17,7 @@ import requests
 
 from ..agent.client import AgentClient, AgentError
 from ..agent.schemas import ProcessInfo
+from ..proc.clock import SYSTEM_CLOCK, Clock
 from . import events as ev
 from .sampling import TOKENS_METRIC, Reading, metric_value, recent_rate, remember, same_reading, sample
 from .state import Session, StageProgress, StageStatus, State
@@ -91,8 +91,10 @@ class Watcher:
     """Background thread: leases, session observations, node reports."""
 
     def __init__(self, snapshot: Callable[[], State], agents: Callable[[str], AgentClient | None], post: Post,
-                 interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0) -> None:
+                 interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._snapshot = snapshot
+        self._clock = clock  # injected: tests move time for this watcher only, not for every thread
         self._agents = agents
         self._post = post
         self.interval = interval
@@ -103,6 +105,7 @@ class Watcher:
         self._last_lease = 0.0
         self._last_report = 0.0
         self._tokens: dict[str, tuple[Reading, ...]] = {}  # session id -> recent token counter readings
+        self._serving: set[str] = set()  # nodes that live sessions ran on at the last cycle
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -127,7 +130,7 @@ class Watcher:
     def cycle(self) -> None:
         """One round: leases (every lease/3 s), sessions, node reports (every report_every s)."""
         state = self._snapshot()
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._last_lease >= self.lease_s / 3:
             self._last_lease = now
             for s in state.sessions:
@@ -140,9 +143,15 @@ class Watcher:
         self._tokens = {k: v for k, v in self._tokens.items() if any(s.id == k for s in running)}
         for s in running:
             self._observe(s, listed)
+        # A node whose session just ended (stopped, torn down, failed to launch) reports now: its
+        # free memory is back, and the form and plan must not show the serving value for seconds.
+        serving = {nid for s in state.sessions for nid in s.node_ids}
+        freed, self._serving = self._serving - serving, serving
         if now - self._last_report >= self.report_every:
             self._last_report = now
-            for n in state.nodes:
+            freed = {n.id for n in state.nodes}
+        for n in state.nodes:
+            if n.id in freed:
                 self._pool.submit(self._report, n.id)
 
     def _renew(self, node_id: str, session_id: str) -> None:
@@ -172,12 +181,12 @@ class Watcher:
         statuses, problem, culprits = judge(s, processes, coordinator, error)
         readings = remember(self._tokens.get(s.id, ()), self._read_tokens(s) if coordinator is not None else None)
         self._tokens[s.id] = readings
-        look = sample(time.time(), recent_rate(readings), statuses)
+        look = sample(self._clock.time(), recent_rate(readings), statuses)
         fresh = not same_reading(s.samples[-1] if s.samples else None, look)
         if fresh or statuses != s.stage_status:
             self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=look if fresh else None))
         if problem and s.phase == "running":
-            self._post(ev.SessionFaulted(session_id=s.id, reason=problem, processes=culprits, at=time.time()))
+            self._post(ev.SessionFaulted(session_id=s.id, reason=problem, processes=culprits, at=self._clock.time()))
 
     def _read_tokens(self, s: Session) -> Reading | None:
         """The coordinator's generated-token counter and when it was read (None if unreadable)."""
@@ -186,16 +195,16 @@ class Watcher:
             value = metric_value(r.text, TOKENS_METRIC) if r.status_code == 200 else None
         except requests.RequestException:
             return None
-        return None if value is None else (time.monotonic(), value)
+        return None if value is None else (self._clock.monotonic(), value)
 
     def _report(self, node_id: str) -> None:
         agent = self._agents(node_id)
         if agent is None:
             return
         try:
-            self._post(ev.NodeReported(node_id=node_id, report=agent.report(), at=time.time()))
+            self._post(ev.NodeReported(node_id=node_id, report=agent.report(), at=self._clock.time()))
         except AgentError as exc:
-            self._post(ev.NodeUnreachable(node_id=node_id, error=exc.message, at=time.time()))
+            self._post(ev.NodeUnreachable(node_id=node_id, error=exc.message, at=self._clock.time()))
 
 
 def _look(s: Session, listed: dict[str, list[ProcessInfo] | None],

@@ -18,19 +18,13 @@ from __future__ import annotations
 from itertools import accumulate
 
 from orchestrator.models.describe import ModelDescription
+from orchestrator.units import format_bytes  # noqa: F401 (messages of plan_warnings and planner use it from here)
 
 from .settings import PlanSettings
 
 # mlx-lm's KVCache grows in steps of 256 tokens, so a sequence's cache is allocated for its
 # length rounded up to the next multiple.
 KV_STEP = 256
-GIB = 1024**3
-MIB = 1024**2
-
-
-def format_bytes(n: int) -> str:
-    """Bytes as GiB (MiB below 1 GiB), for messages."""
-    return f"{n / GIB:.2f} GiB" if abs(n) >= GIB else f"{n / MIB:.1f} MiB"
 
 
 def kv_tokens(context_length: int) -> int:

@@ -8,9 +8,10 @@ import pytest
 from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control import events as ev
 from orchestrator.control import watcher as watcher_module
-from orchestrator.control.state import State
+from orchestrator.control.state import Node, State
 from orchestrator.control.transitions import apply
 from orchestrator.control.watcher import Watcher
+from orchestrator.proc import FakeClock
 
 from .test_sampling import session
 
@@ -42,10 +43,7 @@ def coordinator(monkeypatch):
                                  f"pipeserve_generated_tokens_total {world['tokens']}\n")
 
     monkeypatch.setattr(watcher_module.requests, "get", get)
-    clock = {"t": 1000.0}
-    monkeypatch.setattr(watcher_module.time, "monotonic", lambda: clock["t"])
-    monkeypatch.setattr(watcher_module.time, "time", lambda: clock["t"])
-    world["clock"] = clock
+    world["clock"] = FakeClock(start=1000.0)  # this watcher's time only (Watcher(clock=...)), not every thread's
     return world
 
 
@@ -59,10 +57,10 @@ def processes(s) -> dict:
 def test_only_changes_are_posted_and_tokens_per_second_comes_from_the_counter(coordinator):
     posted: list[ev.Event] = []
     state = {"st": State(sessions=(session(),))}
-    w = Watcher(lambda: state["st"], lambda n: None, posted.append)
+    w = Watcher(lambda: state["st"], lambda n: None, posted.append, clock=coordinator["clock"])
 
     def look(advance: float = 0.5, tokens: int = 0) -> list[ev.Event]:
-        coordinator["clock"]["t"] += advance
+        coordinator["clock"].advance(advance)
         coordinator["tokens"] += tokens
         posted.clear()
         w._observe(state["st"].session("s1"), processes(state["st"].session("s1")))
@@ -84,3 +82,33 @@ def test_only_changes_are_posted_and_tokens_per_second_comes_from_the_counter(co
     assert [x.tokens_per_s for x in samples][:2] == [None, 0.0] and len(samples) == 4
     coordinator["metrics"] = False  # /metrics unreadable: the rate is unknown again, not a stale number
     assert look()[0].sample.tokens_per_s is None
+
+
+def test_nodes_of_a_session_that_ended_report_at_once_not_at_the_next_round():
+    """After Stop, the nodes' free memory must not show the serving value for report_every s."""
+    reported: list[str] = []
+    s = session()
+    state = {"st": State(nodes=tuple(Node(id=n, name=n, url="http://127.0.0.1:9", credential="c")
+                                     for n in s.node_ids), sessions=(s,))}
+    clock = FakeClock()
+    w = Watcher(lambda: state["st"], lambda n: None, lambda e: None, report_every=3600.0, clock=clock)
+    w._pool = _Inline()  # run the submitted work now, on this thread
+    w._report = reported.append  # type: ignore[method-assign]
+    w._observe = lambda *a: None  # type: ignore[method-assign]
+    w.cycle()
+    clock.advance(1.0)
+    w.cycle()
+    assert reported == []  # serving, and no round of reports is due
+    state["st"] = state["st"].model_copy(update={"sessions": ()})  # stopped
+    w.cycle()
+    assert sorted(reported) == sorted(s.node_ids)
+
+
+class _Inline:
+    """A pool that runs work on the calling thread."""
+
+    def submit(self, fn, *args):
+        fn(*args)
+
+    def map(self, fn, items):
+        return [fn(i) for i in items]

@@ -7,7 +7,7 @@ from orchestrator.control.launcher import timeline
 from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, Sample, Session, Settings,
                                         StagePlacement, StageStatus, State)
 
-MB = 1_000_000
+MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
 
 
 def report(name: str, fingerprint: str, models: list[str], free: int = 900 * MB) -> Report:

@@ -33,8 +33,8 @@ def test_the_distributed_tab_shows_the_whole_flow(rich: Web):
     # the form shows the plan's choice to everyone: model, nodes and context
     assert '<option value="smol"  selected>' in html and 'value="n0" checked' in html and 'value="2048"' in html
     # memory-fit bars with a legend and numbers, the layer map, the warning in words
-    assert "weights <strong>350 MB</strong>" in html and "KV cache <strong>200 MB</strong>" in html
-    assert "headroom <strong>100 MB</strong>" in html and "stage 1 does most of the work" in html
+    assert "weights <strong>350 MiB</strong>" in html and "KV cache <strong>200 MiB</strong>" in html
+    assert "headroom <strong>100 MiB</strong>" in html and "stage 1 does most of the work" in html
     # live charts
     assert html.count('class="spark ') >= 3 and "tokens/s" in html
     assert "credential" not in html and "secret-credential" not in html

@@ -8,20 +8,20 @@ from webapp.views.plan import fit_bar, plan_view
 
 from .states import cluster, failed_cluster, plan, rich_state
 
-MB = 1_000_000
+MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
 CTX = ViewContext(role="viewer")
 
 
 def test_a_fitting_stage_shows_its_parts_against_free_memory_and_the_headroom():
     b = fit_bar(400 * MB, 100 * MB, 100 * MB, 800 * MB)
     assert b["fits"] and [s["percent"] for s in b["segments"]] == [50.0, 12.5, 12.5]
-    assert b["headroom"] == "200 MB" and b["used_percent"] == 75 and b["short"] is None
+    assert b["headroom"] == "200 MiB" and b["used_percent"] == 75 and b["short"] is None
     assert [s["label"] for s in b["segments"]] == ["weights", "KV cache", "overhead"]
 
 
 def test_a_stage_that_does_not_fit_spans_its_need_and_marks_where_free_memory_ends():
     b = fit_bar(600 * MB, 300 * MB, 100 * MB, 500 * MB)
-    assert not b["fits"] and b["free_percent"] == 50.0 and b["short"] == "500 MB"
+    assert not b["fits"] and b["free_percent"] == 50.0 and b["short"] == "500 MiB"
     assert sum(s["percent"] for s in b["segments"]) == 100.0
 
 
@@ -64,4 +64,4 @@ def test_the_form_shows_the_plans_choice_and_launch_waits_for_preparation():
 def test_prepare_rows_keep_why_a_node_copies():
     rows = prepare_view(rich_state(), CTX)["prep"]["rows"]
     assert rows[1]["label"] == "Downloading" and rows[1]["verdict_label"] == "Needs download"
-    assert rows[1]["percent"] == 37 and rows[1]["rate"] == "100.0 MB/s"
+    assert rows[1]["percent"] == 37 and rows[1]["rate"] == "100 MiB/s"

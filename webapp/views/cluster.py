@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.control.state import Session, State
+from orchestrator.control.state import NodePreparation, Session, State
 
 from .charts import throughput_chart
 from .context import ViewContext
 from .format import percent, rate, size, unsupported_text
-from .sessions import stage_rows
+from .sessions import shown_health, stage_rows
 
 PREPARE_LABELS = {"checking": "Checking", "present": "Present", "needs_download": "Needs download",
                   "mismatch": "Mismatch", "downloading": "Downloading", "failed": "Failed"}
@@ -43,7 +43,25 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     return {"enabled": state.settings.distributed_enabled, "models": sorted(models.values(), key=lambda m: m["id"]),
             "nodes": nodes, "unsupported": [m for m in models.values() if not m["supported"]],
             "selected_model": chosen_model, "selected_nodes": chosen_nodes, "context": context,
-            "launch_ready": state.preparation is not None and state.preparation.ready}
+            "launch_ready": state.preparation is not None and state.preparation.ready,
+            # the template asks about the choice it shows (the plan's, or the user's own input)
+            "launch_blocked": lambda model, node_ids: serving_conflict(state, model, list(node_ids))}
+
+
+def serving_conflict(state: State, model_id: str | None, node_ids: list[str]) -> str | None:
+    """Why Launch cluster must wait when selected nodes already serve this model (None if they
+    do not): the planner would count the running stages' memory as taken and refuse with a
+    misleading "does not fit"."""
+    chosen = set(node_ids)
+    for s in state.sessions:
+        shared = chosen & set(s.node_ids)
+        if s.model_id != model_id or not shared:
+            continue
+        names = [n.name for n in state.nodes if n.id in shared] or sorted(shared)
+        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        return (f"{who} already serve{'s' if len(names) == 1 else ''} {s.model_name} as {s.name}: "
+                f"stop that cluster first to launch it again")
+    return None
 
 
 def _current_choice(state: State) -> tuple[str | None, list[str], int]:
@@ -68,13 +86,21 @@ def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
              # while copying, why it copies (Needs download / Mismatch) stays in view
              "verdict": p.verdict if p.status == "downloading" and p.verdict not in (None, "downloading") else None,
              "verdict_label": PREPARE_LABELS.get(p.verdict or "", ""),
-             "detail": p.detail, "percent": percent(p.done_bytes, p.total_bytes),
-             "bytes": f"{size(p.done_bytes)} / {size(p.total_bytes)}", "rate": rate(p.rate_bps), "source": p.source,
+             "detail": p.detail, **_progress(p), "rate": rate(p.rate_bps), "source": p.source,
              "copied": p.status == "present" and p.verdict in ("needs_download", "mismatch")}
             for p in prep.nodes]
     return {"prep": {"model": prep.model_id, "rows": rows, "finished": prep.finished, "ready": prep.ready,
                      "error": prep.error, "present": sum(p.status == "present" for p in prep.nodes),
                      "total": len(prep.nodes)}}
+
+
+def _progress(p: NodePreparation) -> dict[str, Any]:
+    """The bar's share and its words: no size known yet (still checking) is 0 % and says so,
+    not "100 % · 0 B / 0 B"."""
+    if p.total_bytes <= 0:
+        done = p.status == "present"
+        return {"percent": 100 if done else 0, "bytes": "" if done else "size not known yet"}
+    return {"percent": percent(p.done_bytes, p.total_bytes), "bytes": f"{size(p.done_bytes)} / {size(p.total_bytes)}"}
 
 
 def current_cluster(state: State) -> Session | None:
@@ -91,7 +117,7 @@ def monitor_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     s = current_cluster(state)
     if s is None:
         return {"session": None}
-    return {"session": {"id": s.id, "name": s.name, "model": s.model_name, "health": s.health, "phase": s.phase,
+    return {"session": {"id": s.id, "name": s.name, "model": s.model_name, "health": shown_health(s), "phase": s.phase,
                         "reason": s.reason, "url": s.url, "fallback": s.transport_fallback,
                         "timeline": [{"label": t.label, "state": t.state, "detail": t.detail} for t in s.timeline],
                         "launch": launch_summary(s),

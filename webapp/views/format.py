@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 from orchestrator.agent.schemas import ModelInfo
+from orchestrator.units import format_bytes, format_rate
 
 
 def size(n: float | int | None) -> str:
-    """Bytes as a short human string: 1.5 GB, 300 MB."""
-    if n is None:
-        return "–"
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit in ("B", "KB") or value >= 100 else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{value:.1f} TB"
+    """Bytes in binary units, as everywhere (orchestrator.units): 1.07 GiB, 300 MiB; "–" if unknown."""
+    return "–" if n is None else format_bytes(n)
 
 
 def rate(bps: float | None) -> str:
-    """Bytes per second as MB/s."""
-    return "–" if not bps else f"{bps / 1e6:.1f} MB/s"
+    """Bytes per second in the same units: 11.9 MiB/s ("–" before the first measurement)."""
+    return "–" if not bps else format_rate(bps)
 
 
 def percent(done: int, total: int) -> int:

@@ -30,6 +30,19 @@ def stage_rows(s: Session) -> list[dict[str, Any]]:
     return rows
 
 
+def shown_health(s: Session) -> str:
+    """The health badge's word: "Healthy" only with the facts that make it so.
+
+    The launch marks a session Healthy when its last step is done, a moment before the watcher
+    has looked at its processes; until every stage is seen alive and listening the badge says
+    "Checking" (the stage cards would still say "not seen yet" beside a Healthy badge).
+    """
+    if s.health != "Healthy":
+        return s.health
+    seen = [s.stage_status[st.index] if st.index < len(s.stage_status) else None for st in s.stages]
+    return "Healthy" if all(x is not None and x.alive and x.port_listening for x in seen) else "Checking"
+
+
 def progress_text(p: StageProgress | None) -> str | None:
     """A stage's progress in words: steps done, and what it computes now (pure)."""
     if p is None:
@@ -61,7 +74,7 @@ def _fault_row(f: Fault) -> dict[str, Any]:
 
 def session_row(s: Session) -> dict[str, Any]:
     """One Sessions row."""
-    return {"id": s.id, "name": s.name, "model": s.model_name, "cluster": s.cluster, "health": s.health,
+    return {"id": s.id, "name": s.name, "model": s.model_name, "cluster": s.cluster, "health": shown_health(s),
             "phase": s.phase, "reason": s.reason, "url": s.url, "stages": stage_rows(s),
             "throughput": throughput_chart(s), "config": s.config_toml, "faults": fault_rows(s),
             "nodes": ", ".join(dict.fromkeys(st.node_name for st in s.stages))}
