@@ -20,43 +20,11 @@ document.body.addEventListener("htmx:wsClose", (e) => {
 // A link shown once is selected on click, ready to copy (no inline handlers: see the CSP).
 document.addEventListener("click", (e) => { if (e.target.matches?.("input.copy")) e.target.select(); });
 
-// A live push replaces a component while someone may be typing or choosing in it: carry over
-// what the user changed (text, number, select, checkboxes) and the focus into the new copy.
-// (Not when the user just submitted that component: its answer replaces it anyway.)
-document.body.addEventListener("htmx:beforeRequest", (e) => e.detail.target?.setAttribute("data-awaiting", ""));
-document.body.addEventListener("htmx:afterRequest", (e) => e.detail.target?.removeAttribute("data-awaiting"));
+// The Distributed tab was drawn with distributed serving on or off; when a push says it changed
+// (another admin saved Settings), load the page again so the tab appears or hides.
 document.body.addEventListener("htmx:oobBeforeSwap", (e) => {
-  const old = e.detail.target, fresh = e.detail.fragment;
-  if (!old || !fresh || old.hasAttribute("data-awaiting")) return;
-  const active = old.contains(document.activeElement) ? document.activeElement : null;
-  const match = (el) => {
-    if (el.type === "checkbox" || el.type === "radio") {
-      return [...fresh.querySelectorAll(`input[name="${CSS.escape(el.name)}"]`)].find((n) => n.value === el.value);
-    }
-    return el.id ? fresh.querySelector("#" + CSS.escape(el.id)) : el.name ? fresh.querySelector(`[name="${CSS.escape(el.name)}"]`) : null;
-  };
-  // A form the server marked data-touched (re-rendered with the user's refused input) is the
-  // user's as a whole, even where its values equal the rendered defaults.
-  const mine = (el) => el.form?.hasAttribute("data-touched");
-  for (const el of old.querySelectorAll("input, select, textarea")) {
-    if (el.type === "hidden") continue;
-    const twin = match(el);
-    if (!twin) continue;
-    if (mine(el)) twin.form?.setAttribute("data-touched", "");
-    if (el.type === "checkbox" || el.type === "radio") {
-      if ((el.checked !== el.defaultChecked || mine(el)) && !twin.disabled) twin.checked = el.checked;
-    } else if (el.tagName === "SELECT") {
-      const chosen = [...el.options].find((o) => o.selected);
-      if (chosen && (!chosen.defaultSelected || mine(el)) && [...twin.options].some((o) => o.value === el.value && !o.disabled)) twin.value = el.value;
-    } else if (el.value !== el.defaultValue || mine(el)) {
-      twin.value = el.value;
-    }
-    if (el === active) twin.dataset.refocus = "1";
-  }
-});
-document.body.addEventListener("htmx:oobAfterSwap", () => {
-  const el = document.querySelector("[data-refocus]");
-  if (el) { delete el.dataset.refocus; el.focus(); }
+  const old = e.detail.target, fresh = e.detail.fragment?.querySelector?.("#distributed-gate");
+  if (old?.id === "distributed-gate" && fresh && fresh.dataset.distributed !== old.dataset.distributed) location.reload();
 });
 
 // Open drawers and chosen tabs survive re-renders (a live push or an action's answer).

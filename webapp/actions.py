@@ -82,14 +82,16 @@ def add_node():
     """Add node: address + pairing token."""
     address = (request.form.get("address") or "").strip()
     token = (request.form.get("token") or "").strip()
-    at = f"discovered:{address}" if request.form.get("source") == "discovered" else "add"
     if not address or not token:
-        return _component("nodes", "Add node: both the address and the pairing token are needed", 400, at=at)
+        return _component("add-node", "Add node: both the address and the pairing token are needed", 400)
+    orch = current_services().orchestrator
     try:
-        current_services().orchestrator.register_node(address, token)
+        orch.register_node(address, token)
     except CommandRefused as exc:
-        return _component("nodes", f"Add node: {exc}", 400, at=at)
-    return _component("nodes")
+        return _component("add-node", f"Add node: {exc}", 400)
+    # an empty form for the next node, and the list with this one (at once, before the push)
+    html, status = _component("add-node")
+    return html + render("nodes", orch.state, view_context(), oob=True), status
 
 
 @bp.post("/nodes/<node_id>/remove")

@@ -122,7 +122,8 @@ def register(app: Flask) -> None:
 
     @sock.route("/ws")
     def html_feed(ws) -> None:
-        names = [n for n in request.args.get("components", "").split(",") if n in BY_NAME]
+        # display components only: a form is never pushed (see components.py)
+        names = [n for n in request.args.get("components", "").split(",") if n in BY_NAME and BY_NAME[n].live]
         orch = current_services().orchestrator
         ctx = view_context()
         # What this socket last sent per component: a component is pushed again only when its

@@ -5,20 +5,23 @@ from __future__ import annotations
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 
 from . import auth
-from .components import render
+from .components import BY_NAME, render
 from .guard import safe_next
 from .services import current_services, view_context
 
 bp = Blueprint("pages", __name__)
 
-DISTRIBUTED_COMPONENTS = ["nodes", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"]
+DISTRIBUTED_COMPONENTS = ["distributed-gate", "nodes", "add-node", "cluster-form", "cluster-options", "plan-preview",
+                          "prepare-status", "cluster-monitor"]
 
 
 def _page(template: str, components: list[str], **extra: object) -> str:
+    """A page with its components; the live ones are named in its websocket's URL."""
     state = current_services().orchestrator.state
     ctx = view_context()
     html = {name: render(name, state, ctx) for name in components}
-    return render_template(template, ctx=ctx, components=html, live=",".join(components), state=state, **extra)
+    live = ",".join(name for name in components if BY_NAME[name].live)
+    return render_template(template, ctx=ctx, components=html, live=live, state=state, **extra)
 
 
 @bp.get("/login")
@@ -76,9 +79,26 @@ def models():
         abort(404, description=f"no tab {tab!r}")
     state = current_services().orchestrator.state
     if tab == "local":
-        return _page("pages/models_local.html", ["nodes"], tab=tab)
-    names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else []
+        return _page("pages/models_local.html", ["nodes", "add-node"], tab=tab)
+    # off: only the gate is live, so the tab appears as soon as another admin turns it on
+    names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else ["distributed-gate"]
     return _page("pages/models_distributed.html", names, tab=tab)
+
+
+@bp.get("/nodes/add-form")
+def add_node_form():
+    """The Add node form with a discovered node's address filled in (its Register button)."""
+    address = (request.args.get("address") or "").strip()[:255]
+    return render("add-node", current_services().orchestrator.state, view_context(), form={"address": address})
+
+
+@bp.get("/cluster/form")
+def cluster_form():
+    """The Serve-as-cluster form, fresh, keeping the input it was sent (cluster-options asks for
+    it when what the form offers changed); without input (a viewer's disabled form), the plan's
+    choice."""
+    form = request.args if "model" in request.args or "context_length" in request.args else None
+    return render("cluster-form", current_services().orchestrator.state, view_context(), form=form)
 
 
 @bp.get("/sessions")
@@ -97,4 +117,4 @@ def chat():
 def settings():
     """Settings → Advanced → Distributed serving."""
     viewers = current_services().auth.viewers() if auth.role() == "admin" else []
-    return _page("pages/settings.html", ["settings-form"], viewers=viewers, new_link=None)
+    return _page("pages/settings.html", ["settings-status", "settings-form"], viewers=viewers, new_link=None)

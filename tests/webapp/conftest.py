@@ -3,7 +3,6 @@ around it, and clients logged in as admin, as viewer, or not at all."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +14,7 @@ from flask.testing import FlaskClient
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
 from webapp import create_app
+from tests.support.html import parse
 from webapp.auth import AuthStore
 
 from .server import Dashboard, start_dashboard
@@ -78,17 +78,7 @@ def rich(tmp_path: Path) -> Web:
 
 def buttons(html: str) -> list[tuple[str, bool]]:
     """Every <button>'s text and whether it is disabled (itself or by a disabled fieldset)."""
-    out, depth = [], []
-    for m in re.finditer(r"<(/?)(fieldset|button)\b([^>]*)>(.*?)(?=<)", html, re.S):
-        closing, tag, attrs, text = m.groups()
-        if tag == "fieldset":
-            if closing:
-                depth.pop()
-            else:
-                depth.append(bool(re.search(r"\bdisabled\b", attrs)))
-        elif not closing:
-            out.append((text.strip(), any(depth) or bool(re.search(r"\bdisabled\b", attrs))))
-    return out
+    return [(b.text, b.disabled) for b in parse(html).find_all("button")]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.html import parse
+
 from .conftest import Web, csrf_of
 
 GOOD = {"distributed_enabled": "on", "transport_backend": "tcp", "port_start": "39600", "port_end": "39629"}
@@ -26,11 +28,13 @@ def test_settings_validation_says_what_is_wrong_keeps_the_input_and_saves_nothin
                                                                                    message: str):
     version = web.orch.state.version
     r = post(web, "/settings/distributed", {**GOOD, **change})
-    html = r.get_data(as_text=True)
-    assert r.status_code == 400 and message in html.replace("&#39;", "'")
-    assert 'id="settings-form"' in html and 'role="alert"' in html and 'data-touched="1"' in html
-    for value in change.values():
-        assert f'value="{value}"' in html or f'value="{value}" selected' in html or value == "carrier-pigeon"
+    form = parse(r.get_data(as_text=True)).by_id("settings-form")
+    assert r.status_code == 400
+    (alert,) = form.by_role("alert")
+    assert alert.text == message
+    for name, value in change.items():  # the user's input is kept to correct it
+        if name != "transport_backend":
+            assert form.find("input", name=name).attrs["value"] == value
     assert web.orch.state.version == version and not web.orch.state.settings.distributed_enabled
 
 
@@ -47,10 +51,11 @@ def test_valid_settings_are_saved_and_confirmed(web: Web):
 def test_cluster_actions_refused_show_the_message_under_the_buttons_with_the_selection_kept(web: Web, path: str):
     version = web.orch.state.version
     r = post(web, path, {"model": "smol", "nodes": ["only-one"], "context_length": "2048"})
-    html = r.get_data(as_text=True)
+    form = parse(r.get_data(as_text=True)).by_id("cluster-form")
     assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-form"
-    assert 'id="cluster-form"' in html and "Select at least 2 nodes" in html
-    assert 'value="2048"' in html and 'data-touched="1"' in html
+    (alert,) = form.by_role("alert")
+    assert alert.text.endswith("Select at least 2 nodes")
+    assert form.by_id("context_length").attrs["value"] == "2048"  # the user's input is kept
     assert web.orch.state.version == version
 
 
@@ -65,9 +70,10 @@ def test_bad_context_length_and_unknown_nodes_are_explained(web: Web):
 
 def test_add_node_refusals_keep_the_address_next_to_the_form(web: Web):
     r = post(web, "/nodes", {"address": "10.1.2.3:39500", "token": ""})
-    html = r.get_data(as_text=True)
-    assert r.status_code == 400 and "both the address and the pairing token are needed" in html
-    assert 'value="10.1.2.3:39500"' in html
+    form = parse(r.get_data(as_text=True)).by_id("add-node")
+    assert r.status_code == 400
+    assert form.by_role("alert")[0].text == "Add node: both the address and the pairing token are needed"
+    assert form.by_id("node-address").attrs["value"] == "10.1.2.3:39500"
     r = post(web, "/nodes", {"address": "no-port-here", "token": "t"})
     assert r.status_code == 400 and "expected host:port of a node agent" in r.get_data(as_text=True)
     assert web.orch.state.nodes == ()

@@ -6,6 +6,8 @@ import pytest
 
 from webapp.components import COMPONENTS
 
+from tests.support.html import parse
+
 from .conftest import Web, buttons
 
 PAGES = ["/models?tab=distributed", "/models?tab=local", "/sessions", "/chat", "/settings"]
@@ -24,19 +26,27 @@ def test_every_page_renders_for_an_admin_with_its_labels(rich: Web, path: str):
 
 def test_the_distributed_tab_shows_the_whole_flow(rich: Web):
     html = rich.client("admin").get("/models?tab=distributed").get_data(as_text=True)
-    for element in ("nodes", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"):
-        assert f'id="{element}"' in html
+    page = parse(html)
+    for element in ("nodes", "add-node", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"):
+        page.by_id(element)
     for label in ("Add node", "Register", "Model", "Preview shard plan", "Prepare on all nodes", "Launch cluster",
                   "Stop cluster", "Healthy", "Present", "Needs download", "Unsupported: unreachable"):
-        assert label in html, label
-    assert 'ws-connect="/ws?components=nodes,cluster-form,plan-preview,prepare-status,cluster-monitor"' in html
+        assert label in page.text, label
+    # only display components are live: forms are never pushed under the user's hands
+    live = page.find("main").attrs["ws-connect"].split("components=")[1].split(",")
+    assert live == ["distributed-gate", "nodes", "cluster-options", "plan-preview", "prepare-status",
+                    "cluster-monitor"]
     # the form shows the plan's choice to everyone: model, nodes and context
-    assert '<option value="smol"  selected>' in html and 'value="n0" checked' in html and 'value="2048"' in html
+    form = page.by_id("cluster-form")
+    assert form.find("option", value="smol").has("selected")
+    assert form.find("input", value="n0").has("checked") and form.by_id("context_length").attrs["value"] == "2048"
     # memory-fit bars with a legend and numbers, the layer map, the warning in words
-    assert "weights <strong>350 MiB</strong>" in html and "KV cache <strong>200 MiB</strong>" in html
-    assert "headroom <strong>100 MiB</strong>" in html and "stage 1 does most of the work" in html
+    legend = page.by_id("plan-preview").find_all(**{"class": "legend small"})[0].text
+    assert "weights 350 MiB" in legend and "KV cache 200 MiB" in legend and "headroom 100 MiB" in legend
+    assert "stage 1 does most of the work" in page.by_id("plan-preview").text
     # live charts
-    assert html.count('class="spark ') >= 3 and "tokens/s" in html
+    assert len([e for e in page.find_all("svg") if "spark" in e.attrs.get("class", "")]) >= 3
+    assert "tokens/s" in page.text
     assert "credential" not in html and "secret-credential" not in html
 
 
@@ -59,8 +69,12 @@ def test_viewers_see_every_page_but_no_enabled_action(rich: Web, path: str):
 
 def test_the_distributed_tab_explains_how_to_turn_it_on_when_off(web: Web):
     html = web.client("admin").get("/models?tab=distributed").get_data(as_text=True)
-    assert "Distributed serving is off" in html and "Enable distributed serving" in html
-    assert 'id="cluster-form"' not in html and "ws-connect" not in html
+    page = parse(html)
+    assert "Distributed serving is off" in page.text and "Enable distributed serving" in page.text
+    assert not page.find_all(id="cluster-form")
+    # live all the same: the tab appears as soon as another admin turns it on
+    assert page.find("main").attrs["ws-connect"] == "/ws?components=distributed-gate"
+    assert page.by_id("distributed-gate").attrs["data-distributed"] == "off"
     html = web.client("viewer").get("/models?tab=distributed").get_data(as_text=True)
     assert "Only an admin can turn it on." in html
 
@@ -87,5 +101,7 @@ def test_every_component_renders_alone_for_a_websocket_push(rich: Web):
 
     with rich.app.test_request_context():
         for c in COMPONENTS:
-            html = render(c.name, rich.orch.state, ViewContext(role="viewer"), oob=True)
-            assert f'id="{c.name}"' in html and 'hx-swap-oob="true"' in html
+            if c.live:
+                element = parse(render(c.name, rich.orch.state, ViewContext(role="viewer"), oob=True)).by_id(c.name)
+                assert element.attrs["hx-swap-oob"] == "true"
+    assert {c.name for c in COMPONENTS if not c.live} == {"settings-form", "add-node", "cluster-form"}

@@ -5,12 +5,13 @@ are found by id and data attributes."""
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
 from pathlib import Path
 
 from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
+
+from tests.support.html import Element, parse
 
 from .conftest import Web, make_web
 from .states import rich_state
@@ -26,61 +27,8 @@ MODELS = [
 ]
 
 
-class Element:
-    """One parsed element: tag, attributes, children's text."""
-
-    def __init__(self, tag: str, attrs: dict[str, str | None]) -> None:
-        self.tag, self.attrs, self.text, self.children = tag, attrs, "", []
-
-    def find_all(self, tag: str | None = None, **attrs: str) -> list["Element"]:
-        """Descendants with this tag and these attribute values (data_model= for data-model)."""
-        wanted = {k.replace("_", "-"): v for k, v in attrs.items()}
-        out = []
-        for child in self.children:
-            if (tag is None or child.tag == tag) and all(child.attrs.get(k) == v for k, v in wanted.items()):
-                out.append(child)
-            out += child.find_all(tag, **attrs)
-        return out
-
-    def by_id(self, element_id: str) -> "Element":
-        """The one descendant with this id."""
-        (found,) = self.find_all(id=element_id)
-        return found
-
-
-class _Tree(HTMLParser):
-    VOID = {"input", "br", "img", "meta", "link", "hr", "source", "wbr"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.root = Element("document", {})
-        self.stack = [self.root]
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element = Element(tag, dict(attrs))
-        self.stack[-1].children.append(element)
-        if tag not in self.VOID:
-            self.stack.append(element)
-
-    def handle_endtag(self, tag: str) -> None:
-        for i in range(len(self.stack) - 1, 0, -1):
-            if self.stack[i].tag == tag:
-                del self.stack[i:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        for element in self.stack:  # every open ancestor's text includes it
-            element.text += data
-
-
-def parse(html: str) -> Element:
-    tree = _Tree()
-    tree.feed(html)
-    return tree.root
-
-
 def text(element: Element) -> str:
-    return " ".join(element.text.split())
+    return element.text
 
 
 def _web(tmp_path: Path) -> Web:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from orchestrator.control.state import NodePreparation, Session, State
@@ -46,6 +48,16 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "launch_ready": state.preparation is not None and state.preparation.ready,
             # the template asks about the choice it shows (the plan's, or the user's own input)
             "launch_blocked": lambda model, node_ids: serving_conflict(state, model, list(node_ids))}
+
+
+def options_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """A digest of what the Serve-as-cluster form offers and shows (models, node toggles, the
+    plan's choice, launch readiness, who serves what): when it changes, the form is fetched
+    again with the user's own input (components.py, cluster_options.html)."""
+    facts = {k: v for k, v in form_view(state, ctx).items() if not callable(v)}
+    facts["serving"] = [(s.model_id, s.node_ids) for s in state.sessions]
+    blob = json.dumps(facts, sort_keys=True, default=str).encode()
+    return {"digest": hashlib.sha256(blob).hexdigest()[:16]}
 
 
 def serving_conflict(state: State, model_id: str | None, node_ids: list[str]) -> str | None:
