@@ -51,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=512, help="TTFT prompt length (default 512)")
     p.add_argument("--max-seconds", type=float, default=12.0, help="cut a decode measurement after this long "
                    "(keeping at least 8 tokens), so a slow configuration cannot stretch the run (default 12)")
+    p.add_argument("--quiet-wait", type=float, default=60.0, help="before each round, wait up to this many "
+                   "seconds for other users' load to drop below 0.3 cores (default 60; 0: never wait)")
     p.add_argument("--split", choices=["balanced", "even"], default="balanced",
                    help="layer split: balanced by compute incl. the head (local.compute_split), or even")
     p.add_argument("--systems", default=None, help=f"comma list from {','.join(SYSTEM_KEYS)} "

@@ -60,6 +60,7 @@ def run_family_rows(bench: Bench, keys: list[str]) -> dict[str, Any]:
         def rounds() -> None:
             for n in range(args.repeats):
                 order = rows[n % len(rows):] + rows[: n % len(rows)]
+                bench.wait_quiet()
                 bench.log(f"  round {n + 1}/{args.repeats}")
                 for r in order:
                     systems = r["systems"][::-1] if n % 2 else r["systems"]

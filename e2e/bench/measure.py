@@ -26,6 +26,10 @@ PROMPT_TEXT = (
     "copied by hand, which made them rare and expensive. Within fifty years, presses were working in "
     "more than two hundred cities across Europe, and millions of books had been printed. "
 )
+# Before each round: wait until other users' processes take under QUIET_CORES cores
+# (sampled over QUIET_SAMPLE_S seconds), for at most --quiet-wait seconds.
+QUIET_CORES = 0.3
+QUIET_SAMPLE_S = 2.0
 DECODE_TOPICS = ("a lighthouse keeper", "the first railway", "a small mountain village", "an old clockmaker",
                  "a river in spring", "the invention of paper", "a long winter", "a quiet library")
 
@@ -94,6 +98,21 @@ class Bench:
         return {"wall_s": wall, "busy_cores": busy / wall, "own_cores": own / wall,
                 "other_cores": max(0.0, busy - own) / wall, "loadavg": os.getloadavg()}
 
+    def wait_quiet(self) -> None:
+        """Wait (up to --quiet-wait seconds) until other users take under QUIET_CORES cores.
+
+        A round started in a calm moment is more likely to stay calm; the best-round ratios
+        and the 'other load' column then show how far that worked."""
+        deadline = time.monotonic() + self.args.quiet_wait
+        t0 = time.monotonic()
+        while time.monotonic() < deadline:
+            other = self.load_during(lambda: time.sleep(QUIET_SAMPLE_S))["other_cores"]
+            if other < QUIET_CORES:
+                break
+        waited = time.monotonic() - t0
+        if waited > 2 * QUIET_SAMPLE_S:
+            self.log(f"  waited {waited:.0f} s for other load to drop below {QUIET_CORES} cores")
+
     def noisy(self, s: System, fn: Callable[..., None], *args: Any) -> None:
         """Run one measurement and record how many cores other users' processes took meanwhile."""
         s.add("other_cores", self.load_during(lambda: fn(*args))["other_cores"])
@@ -132,6 +151,7 @@ class Bench:
                 for r in range(repeats):
                     order = systems[r % len(systems):] + systems[: r % len(systems)]
                     order = order[::-1] if r % 2 else order
+                    self.wait_quiet()
                     self.log(f"  round {r + 1}/{repeats}")
                     for s in order:
                         self.noisy(s, self.decode1, s, decode_prompts[0], tokens)

@@ -55,7 +55,8 @@ def method_lines(blas_cfg: str | None) -> list[str]:
         "Ratios and target verdicts use each system's best round (another user's load only ever slows a "
         "measurement down, and it does not hit the systems of a round evenly: see 'other load', the cores "
         "other processes used during each system's measurements); the median of the per-round ratios is "
-        "shown next to each target.",
+        "shown next to each target. Before each round the run waits up to `--quiet-wait` seconds for other "
+        "users' processes to take under 0.3 cores.",
         "- Single process = `mlx_lm.generate.generate_step` in a worker process (no HTTP). It serves one request "
         "at a time, so its aggregate decode rate at 2 or 4 concurrent requests equals its 1-request rate: "
         "that is what the pipeline's aggregate is compared with.",
