@@ -44,10 +44,10 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
                       PERMANENT_SESSION_LIFETIME=timedelta(days=7), MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["pipeserve"] = Services(orchestrator, auth, router_url.rstrip("/"))
 
-    from . import actions, api, chat, guard, live, pages
+    from . import actions, api, chat, guard, live, models_tab, pages
 
     guard.install(app)
-    for bp in (pages.bp, actions.bp, api.bp, chat.bp):
+    for bp in (pages.bp, actions.bp, api.bp, chat.bp, models_tab.bp):
         app.register_blueprint(bp)
     live.register(app)
 

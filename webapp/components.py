@@ -16,7 +16,9 @@ from flask import render_template
 
 from orchestrator.control.state import State
 
-from .views import cluster, nodes, plan, sessions, settings
+from orchestrator.control.download_events import DOWNLOAD_KINDS
+
+from .views import cluster, models, nodes, plan, sessions, settings
 from .views.context import ViewContext
 
 ALL = "*"
@@ -52,6 +54,10 @@ CLUSTER_CHOICE_KINDS = frozenset({"settings_changed", "node_registered", "node_r
                                   "node_unreachable", "plan_previewed", "preparation_started", "preparation_finished",
                                   "session_created", "session_removed"})
 
+MODEL_LIST_KINDS = frozenset({"node_registered", "node_removed", "node_reported", "node_unreachable",
+                              "session_created", "health_changed", "session_removed", "preparation_finished",
+                              "preparation_progressed"}) | DOWNLOAD_KINDS
+
 COMPONENTS: tuple[Component, ...] = (
     Component("settings-form", "components/settings_form.html", settings.settings_view, frozenset()),
     Component("settings-status", "components/settings_status.html", settings.settings_view,
@@ -74,6 +80,11 @@ COMPONENTS: tuple[Component, ...] = (
     Component("sessions", "components/sessions.html", sessions.sessions_view,
               frozenset({"session_created", "session_registered", "session_observed", "session_faulted",
                          "health_changed", "session_removed", "launch_stepped", *RECOVERY_KINDS})),
+    # Models → Local: the models on every node, the hub download form (not live) and its progress
+    Component("local-models", "components/local_models.html", models.models_view, MODEL_LIST_KINDS),
+    Component("download-form", "components/download_form.html", models.download_form_view, frozenset()),
+    Component("model-downloads", "components/model_downloads.html", models.downloads_view,
+              DOWNLOAD_KINDS | {"node_registered", "node_removed"}),
 )
 BY_NAME = {c.name: c for c in COMPONENTS}
 

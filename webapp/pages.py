@@ -79,7 +79,8 @@ def models():
         abort(404, description=f"no tab {tab!r}")
     state = current_services().orchestrator.state
     if tab == "local":
-        return _page("pages/models_local.html", ["nodes", "add-node"], tab=tab)
+        return _page("pages/models_local.html", ["local-models", "download-form", "model-downloads", "nodes",
+                                                  "add-node"], tab=tab)
     # off: only the gate is live, so the tab appears as soon as another admin turns it on
     names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else ["distributed-gate"]
     return _page("pages/models_distributed.html", names, tab=tab)

@@ -1,0 +1,99 @@
+"""Models → Local: the model list (holders, verified, support, what blocks Serve and Delete),
+download progress (bytes, %, rate, time left), the page for admins and viewers, and actions
+refused in place. The real flow against agents and the Hub stand-in: tests/control/test_models.py
+and e2e/test_models.py."""
+
+from __future__ import annotations
+
+from orchestrator.agent.hub import HubFile, HubListing
+from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.state import Session, StagePlacement
+from tests.support.html import parse
+from webapp.views.context import ViewContext
+from webapp.views.models import downloads_view, duration, listing_view, models_view
+
+from .conftest import Web, csrf_of
+from .states import node
+
+
+def state_with_models(web_state):
+    a = node("node-a", "fa", ["smollm2", "tiny"])
+    b = node("node-b", "fb", ["tiny", "weird.gguf"])
+    dl = ModelDownload(model_id="tiny", hub=HubRef(repo_id="org/tiny"), commit="c" * 40, total_bytes=1000, files=4,
+                       phase="running", nodes=(NodeDownload(node_id="fa", status="verified", source="hub org/tiny",
+                                                            done_bytes=1000, total_bytes=1000),
+                                               NodeDownload(node_id="fb", status="copying", source="LAN from node-a",
+                                                            done_bytes=250, total_bytes=1000, rate_bps=5e6,
+                                                            eta_s=150.0)))
+    session = Session(id="s1", name="smollm2-single", model_id="smollm2", model_name="smollm2", cluster=False,
+                      stages=(StagePlacement(index=0, node_id="fa", node_name="node-a", first_layer=0, last_layer=29,
+                                             host="10.0.0.6", port=39600),),
+                      coordinator_node="fa", coordinator_host="10.0.0.6", coordinator_port=39601, phase="running",
+                      health="Healthy")
+    return web_state.model_copy(update={"nodes": (a, b), "downloads": (dl,), "sessions": (session,)})
+
+
+def test_the_list_names_holders_verification_support_and_what_blocks_an_action(web: Web):
+    state = state_with_models(web.orch.state)
+    rows = {m["id"]: m for m in models_view(state, ViewContext(role="admin"))["models"]}
+    assert list(rows) == ["smollm2", "tiny", "weird.gguf"]
+    tiny = {h["node"]: h for h in rows["tiny"]["holders"]}
+    assert tiny["node-a"]["verified"] and not tiny["node-b"]["verified"]  # b is still copying
+    assert tiny["node-b"]["delete_blocked"] == "being downloaded"
+    (served,) = rows["smollm2"]["holders"]
+    assert served["session"] == "smollm2-single" and "stop it first" in served["delete_blocked"]
+    assert served["serve_blocked"] == "serving as smollm2-single"
+    assert not rows["weird.gguf"]["supported"] and rows["weird.gguf"]["holders"][0]["serve_blocked"].startswith(
+        "Unsupported: GGUF")
+
+
+def test_download_progress_shows_bytes_percent_rate_and_time_left(web: Web):
+    (row,) = downloads_view(state_with_models(web.orch.state), ViewContext())["downloads"]
+    a, b = row["nodes"]
+    assert row["running"] and row["repo"] == "org/tiny" and row["commit"] == "c" * 12
+    assert a["label"] == "Verified" and a["source"] == "hub org/tiny" and a["percent"] == 100 and a["eta"] == ""
+    assert b["label"] == "Copying" and b["percent"] == 25 and b["rate"] == "4.8 MiB/s" and b["eta"] == "2 min 30 s"
+    assert b["source"] == "LAN from node-a"
+    assert [duration(s) for s in (None, 5, 3700)] == ["–", "5 s", "1 h 1 min"]
+
+
+def test_a_listing_says_what_it_would_fetch_and_what_stops_it():
+    listing = HubListing(repo_id="org/x", revision="main", commit="a" * 40, total_bytes=3000, disk_free_bytes=100,
+                         fits=False, mlx=False, reason="PyTorch weights only", gated=True, token=False,
+                         files=[HubFile(path="config.json", size=1000), HubFile(path="w.bin", size=2000)])
+    view = listing_view(listing, "node-a")
+    assert [f["path"] for f in view["files"]] == ["w.bin", "config.json"] and view["blocking"]
+    assert any("Not an MLX model: PyTorch" in p for p in view["problems"])
+    assert any("Gated repository" in p for p in view["problems"])
+    assert any("Too big for node-a" in p for p in view["problems"])
+
+
+def test_the_local_tab_for_admins_and_viewers(web: Web):
+    web.orch._state = state_with_models(web.orch.state)
+    admin = parse(web.client("admin").get("/models?tab=local").get_data(as_text=True))
+    table = admin.by_id("local-models")
+    assert table.find("tr", **{"data-model": "tiny"})
+    buttons = [(b.text, b.disabled) for b in table.find_all("button")]
+    assert ("Serve on this node", True) in buttons and ("Serve on this node", False) in buttons
+    assert admin.by_id("download-form").find("input", name="repo_id")
+    downloads = admin.by_id("model-downloads")
+    assert "2 min 30 s left" in downloads.text and downloads.find("button").text == "Cancel"
+    viewer = parse(web.client("viewer").get("/models?tab=local").get_data(as_text=True))
+    assert not viewer.by_id("local-models").find_all("button") and not viewer.by_id("download-form").find_all("input")
+
+
+def test_refusals_are_shown_in_place_and_change_nothing(web: Web):
+    admin = web.client("admin")
+    headers = {"X-CSRF-Token": csrf_of(admin), "HX-Request": "true"}
+    r = admin.post("/models/download", data={"repo_id": "not a repo"}, headers=headers)
+    assert r.status_code == 400
+    (alert,) = parse(r.get_data(as_text=True)).by_id("model-downloads").by_role("alert")
+    assert "expected org/name" in alert.text
+    r = admin.post("/models/hub-files", data={"repo_id": "org/x"}, headers=headers)
+    assert r.status_code == 400 and "add a node first" in r.get_data(as_text=True)
+    r = admin.post("/models/downloads/tiny/cancel", headers=headers)
+    assert r.status_code == 409 and "no download of tiny is running" in r.get_data(as_text=True)
+    assert web.orch.state.downloads == ()
+    viewer = web.client("viewer")
+    assert viewer.post("/models/download", data={"repo_id": "org/x"},
+                       headers={"X-CSRF-Token": csrf_of(viewer)}).status_code == 403
