@@ -104,4 +104,4 @@ def test_every_component_renders_alone_for_a_websocket_push(rich: Web):
             if c.live:
                 element = parse(render(c.name, rich.orch.state, ViewContext(role="viewer"), oob=True)).by_id(c.name)
                 assert element.attrs["hx-swap-oob"] == "true"
-    assert {c.name for c in COMPONENTS if not c.live} == {"settings-form", "add-node", "cluster-form"}
+    assert {c.name for c in COMPONENTS if not c.live} == {"settings-form", "add-node", "cluster-form", "download-form"}
