@@ -133,8 +133,15 @@ def preview_plan():
 def prepare():
     """Prepare on all nodes."""
     try:
-        model, nodes = selection(request.form)
-        current_services().orchestrator.prepare(model, nodes)
+        form, hub = request.form, None
+        if (form.get("hub_repo") or "").strip():  # no node has it yet: one hub download, then LAN copies
+            from orchestrator.control.models import default_model_id, parse_hub_ref
+
+            hub = parse_hub_ref(form["hub_repo"])
+            form = form.copy()
+            form["model"] = default_model_id(hub.repo_id)
+        model, nodes = selection(form)
+        current_services().orchestrator.prepare(model, nodes, hub=hub)
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Prepare on all nodes: {exc}")
     return _component("prepare-status")

@@ -99,7 +99,11 @@ def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
              "verdict": p.verdict if p.status == "downloading" and p.verdict not in (None, "downloading") else None,
              "verdict_label": PREPARE_LABELS.get(p.verdict or "", ""),
              "detail": p.detail, **_progress(p), "rate": rate(p.rate_bps), "source": p.source,
-             "copied": p.status == "present" and p.verdict in ("needs_download", "mismatch")}
+             "copied": p.status == "present" and p.verdict in ("needs_download", "mismatch"),
+             # which source each node used: the hub (once) or the LAN copy from which peers
+             "source_text": (f"downloaded from the {p.source}, then verified" if p.source.startswith("hub ")
+                             else f"copied over the LAN from {p.source}, then verified" if p.source
+                             else "copied over the LAN, then verified")}
             for p in prep.nodes]
     return {"prep": {"model": prep.model_id, "rows": rows, "finished": prep.finished, "ready": prep.ready,
                      "error": prep.error, "present": sum(p.status == "present" for p in prep.nodes),
