@@ -19,6 +19,9 @@ from pathlib import Path
 
 import requests
 
+from orchestrator.proc import wait_until
+from orchestrator.proc.wait import WaitTimeout
+
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 60.0  # a loaded 2-core machine imports the web stack slowly
 
@@ -86,21 +89,23 @@ def start_dashboard(tmp: Path, *extra: str, env: dict | None = None) -> Dashboar
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     d = Dashboard(proc, port, state, log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"dashboard exited with {proc.returncode}:\n{d.log()}")
         m = re.search(r"admin token: (\S+)", d.log())
-        if m:
-            d.admin_token = m.group(1)
-            try:
-                if requests.get(d.url + "/login", timeout=2).status_code == 200:
-                    return d
-            except requests.RequestException:
-                pass
-        time.sleep(0.1)
-    d.stop()
-    raise RuntimeError(f"dashboard did not answer within {STARTUP_TIMEOUT} s:\n{d.log()}")
+        if not m:
+            return False
+        d.admin_token = m.group(1)
+        return requests.get(d.url + "/login", timeout=2).status_code == 200
+
+    try:
+        wait_until(answers, STARTUP_TIMEOUT, interval=0.1, message="the dashboard to answer",
+                   ignore=(requests.RequestException,))
+    except WaitTimeout:
+        d.stop()
+        raise RuntimeError(f"dashboard did not answer within {STARTUP_TIMEOUT} s:\n{d.log()}") from None
+    return d
 
 
 # --- websockets over raw sockets ------------------------------------------------------------

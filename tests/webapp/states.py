@@ -6,6 +6,7 @@ from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Re
 from orchestrator.control.launcher import timeline
 from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, Sample, Session, Settings,
                                         StagePlacement, StageStatus, State)
+from orchestrator.units import format_bytes
 
 MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
 
@@ -45,7 +46,8 @@ def plan(kind: str = "plan") -> dict:
     if kind == "plan":
         doc["warnings"] = [{"code": "imbalanced", "message": "stage 1 does most of the work"}]
     else:
-        doc["reasons"] = [{"code": "stage_does_not_fit", "message": "stage 1 needs 800 MB, node-b has 600 MB free"}]
+        doc["reasons"] = [{"code": "stage_does_not_fit", "message": f"stage 1 needs {format_bytes(800 * MB)}, node-b has "
+                                                                   f"{format_bytes(600 * MB)} free"}]
     return doc
 
 

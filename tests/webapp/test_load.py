@@ -14,6 +14,8 @@ import time
 import pytest
 import requests
 
+from orchestrator.proc import wait_until
+
 from .server import Dashboard, close_code, read_frames, read_upgrade, ws_connect, ws_request
 
 IDLE_SOCKETS = 500
@@ -94,13 +96,16 @@ def test_a_session_gets_a_bounded_number_of_websockets_and_a_clear_refusal(dashb
         assert status == 101 and closed
         code, reason = close_code(frames)
         assert code == 4429 and "too many live connections" in reason, (code, reason)
-        # closing one frees a slot
+        # closing one frees a slot (once the server notices, within its poll)
         held[0].close()
-        time.sleep(1.5)
-        sock, status, rest = ws_connect(dashboard.port, "/ws?components=nodes", cookie)
-        held.append(sock)
-        frames, closed = read_frames(sock, rest, 1)
-        assert status == 101 and not closed and frames, frames
+
+        def a_slot_is_free() -> bool:
+            sock, status, rest = ws_connect(dashboard.port, "/ws?components=nodes", cookie)
+            held.append(sock)
+            frames, closed = read_frames(sock, rest, 1)
+            return status == 101 and not closed and bool(frames)
+
+        wait_until(a_slot_is_free, 10, interval=0.1, message="the closed socket's slot to be free")
     finally:
         for s in held:
             s.close()

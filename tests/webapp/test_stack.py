@@ -8,10 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import requests
+
+from orchestrator.proc import wait_until
+from orchestrator.proc.wait import WaitTimeout
 
 from .server import ROOT, free_port, start_dashboard
 
@@ -26,15 +28,18 @@ def test_discovery_finds_an_agent_under_the_gevent_worker(tmp_path: Path):
     d = None
     try:
         d = start_dashboard(tmp_path, "--discovery", "--discovery-interface", "127.0.0.1")
-        names: list[str] = []
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and "gevent-probe" not in names:
+        def discovered() -> bool:
             state = requests.get(d.url + "/api/state", headers={"Authorization": f"Bearer {d.admin_token}"},
                                  timeout=5).json()
-            names = [n["name"] for n in state["discovered"]]
-            time.sleep(0.3)
+            return "gevent-probe" in [n["name"] for n in state["discovered"]]
+
+        found = True
+        try:
+            wait_until(discovered, 30, interval=0.3, message="zeroconf to find the agent")
+        except WaitTimeout:
+            found = False
         log = d.log()
-        assert "gevent-probe" in names, log
+        assert found, log
         assert "Traceback" not in log and "MonkeyPatchWarning" not in log, log
     finally:
         if d is not None:

@@ -31,7 +31,7 @@ def test_plan_view_of_a_plan_and_of_a_refusal():
     assert [s["layers"] for s in v["stages"]] == ["0–16", "17–29"] and v["stages"][0]["coordinator"]
     assert round(sum(s["map_percent"] for s in v["stages"])) == 100
     refused = plan_view(rich_state().model_copy(update={"plan": plan("refusal")}), CTX)["plan"]
-    assert refused["refused"] and refused["issues"] == ["stage 1 needs 800 MB, node-b has 600 MB free"]
+    assert refused["refused"] and refused["issues"] == ["stage 1 needs 800 MiB, node-b has 600 MiB free"]
     assert not refused["stages"][1]["bar"]["fits"]
 
 
