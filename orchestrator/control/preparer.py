@@ -99,7 +99,7 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
         states = {n: _check(n, model_id, c, manifest) for n, c in targets.items()}
         if from_hub is not None and states[source_id].status == "present":
             states[source_id] = states[source_id].model_copy(update={
-                "verdict": "needs_download", "source": f"hub {hub.label}", "detail": "downloaded from the hub"})
+                "verdict": "needs_download", "source": f"hub {hub.label}"})
         for n, st in states.items():
             post(ev.PreparationProgressed(node=st))
         holders = [source_id] + [n for n, st in states.items() if st.status == "present" and n != source_id]
