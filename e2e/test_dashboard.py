@@ -134,8 +134,10 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
         expect(found.get_by_role("button", name="Register")).to_be_visible(timeout=30_000)
     except AssertionError:
         pytest.fail(f"zeroconf discovery on 127.0.0.1 did not list {c.name} ({c.address}) within 30 s")
-    found.get_by_label(re.compile("Pairing token")).fill(c.token)
-    found.get_by_role("button", name="Register").click()
+    found.get_by_role("button", name="Register").click()  # fills the Add node form with its address
+    expect(page.get_by_label("Address", exact=True)).to_have_value(c.address)
+    page.get_by_label("Pairing token", exact=True).fill(c.token)
+    page.get_by_role("button", name="Add node").click()
     for name in ("node-a", "node-b", "node-c"):
         expect(entry(page, "#nodes", name)).to_contain_text("Reachable")
         # the viewer sees every node arrive, live
@@ -314,6 +316,13 @@ def test_6_sessions_lists_the_cluster_once_with_its_stages(stack, admin, shots):
 
 def test_7_killing_a_stage_turns_the_cluster_unhealthy_and_cleans_up(stack, admin, viewer, shots):
     page = admin.page
+    # This step tests the teardown; automatic restarts (on by default) are e2e/test_recovery.py's.
+    nav(page, "Settings")
+    page.get_by_label("Restart failed stages automatically").uncheck()
+    page.get_by_role("button", name="Save").click()
+    wait_until(lambda: stack.api_state()["settings"]["auto_restart"] is False, 10,
+               message="automatic restarts to be off")
+    expect(page.locator("#settings-status")).to_contain_text("automatic restarts off")
     open_distributed(page)
     expect(badge(page, "Healthy")).to_be_visible()
     doc = mark_document(page)

@@ -1,0 +1,152 @@
+"""Issue 12's rough edges, seen in real Chromium as a new user would, over their own `make demo`
+stack (e2e/conftest.py): the gated Distributed tab appears live when another admin turns it on;
+sizes are in binary units everywhere; a live push never undoes what the user is choosing;
+Prepare never starts at "100 % · 0 B / 0 B"; the badge says Healthy only with its facts; Launch
+is disabled with the reason while the nodes serve the model, and the plan stays; after Stop the
+nodes' free memory comes back. Ordered steps (`incremental`): `admin` and `viewer` are two
+people, here both admins.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from orchestrator.demo_stack import MODEL_ID
+from orchestrator.proc import wait_until
+
+pytestmark = pytest.mark.incremental
+
+LIVE = 20_000  # ms: a pushed change shows up well within this on a loaded machine
+DECIMAL_UNITS = re.compile(r"\d\s?(?:KB|MB|GB|TB)\b")
+
+RECORD = """() => {
+  // every moment of the Preparation rows and of the health badge beside the stage cards
+  window.__prep = []; window.__health = [];
+  const look = () => {
+    for (const row of document.querySelectorAll('#prepare-status tr[data-node]')) window.__prep.push(row.textContent);
+    const badge = document.getElementById('cluster-health');
+    if (badge) window.__health.push([badge.textContent, document.getElementById('cluster-monitor').textContent]);
+  };
+  new MutationObserver(look).observe(document.body, {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def log_in(page: Page, stack) -> None:
+    page.goto(stack.url)
+    page.get_by_label("Token").fill(stack.demo.admin_token)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_load_state()
+
+
+def node_toggle(page: Page, name: str):
+    return page.locator("#cluster-form label").filter(has=page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")))
+
+
+def test_1_the_distributed_tab_appears_live_when_another_admin_turns_it_on(stack, admin, viewer):
+    page, other = admin.page, viewer.page
+    log_in(page, stack)
+    expect(page.get_by_text("Distributed serving is off")).to_be_visible()
+    expect(page.get_by_text("Live", exact=True)).to_be_visible(timeout=LIVE)  # the gated page has a live socket
+    log_in(other, stack)
+    other.goto(stack.url + "/settings")
+    first, last = stack.transport
+    other.get_by_label("Enable distributed serving").check()
+    other.get_by_label("Transport port range start").fill(str(first))
+    other.get_by_label("Transport port range end").fill(str(last))
+    other.get_by_role("button", name="Save").click()
+    expect(other.locator("#settings-status")).to_contain_text("On")
+    expect(page.get_by_role("heading", name="Serve as cluster")).to_be_visible(timeout=LIVE)  # no click, no reload by hand
+
+
+def test_2_sizes_are_binary_units_everywhere(stack, admin):
+    page = admin.page
+    for name in ("node-a", "node-b"):
+        node = stack.node(name)
+        page.get_by_label("Address", exact=True).fill(node.address)
+        page.get_by_label("Pairing token", exact=True).fill(node.token)
+        page.get_by_role("button", name="Add node").click()
+        expect(page.locator("#nodes li", has_text=name)).to_contain_text("Reachable")
+    # 1100M budgets: 1.07 GiB, not "1.2 GB"
+    expect(node_toggle(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) free"), timeout=LIVE)
+    page.get_by_label("Model", exact=True).select_option(MODEL_ID)
+    for name in ("node-a", "node-b"):
+        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
+    page.get_by_role("button", name="Preview shard plan").click()
+    expect(page.locator("#plan-preview")).to_contain_text("MiB")
+    for component in ("#nodes", "#cluster-form", "#plan-preview"):
+        text = page.locator(component).inner_text()
+        assert not DECIMAL_UNITS.search(text), (component, DECIMAL_UNITS.search(text).group(0))
+
+
+def test_3_a_live_push_keeps_what_the_user_is_choosing(stack, admin, viewer):
+    page = admin.page
+    page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b")).uncheck()  # unsaved: only node-a now
+    page.get_by_label("Context length").fill("3072")  # typed, not submitted
+    # another admin registers node-c: what the form offers changes and reaches this page live
+    other = viewer.page
+    other.goto(stack.url + "/models?tab=distributed")
+    c = stack.node("node-c")
+    other.get_by_label("Address", exact=True).fill(c.address)
+    other.get_by_label("Pairing token", exact=True).fill(c.token)
+    other.get_by_role("button", name="Add node").click()
+    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-c\b"))).to_be_visible(timeout=LIVE)
+    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-a\b"))).to_be_checked()
+    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b"))).not_to_be_checked()
+    expect(page.get_by_label("Context length")).to_have_value("3072")
+    page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b")).check()
+    page.get_by_label("Context length").fill("2048")
+
+
+def test_4_prepare_never_starts_at_100_percent(stack, admin):
+    page = admin.page
+    page.evaluate(RECORD)
+    page.get_by_role("button", name="Prepare on all nodes").click()
+    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
+    seen = page.evaluate("() => window.__prep")
+    assert seen, "no Preparation row was ever shown"
+    wrong = [t for t in seen if "0 B / 0 B" in t or ("Checking" in t and "100%" in t)]
+    assert not wrong, wrong
+
+
+def test_5_healthy_only_with_the_facts_that_make_it_so(stack, admin):
+    page = admin.page
+    page.get_by_role("button", name="Launch cluster").click()
+    health = page.locator("#cluster-health")
+    expect(health).to_have_text("Healthy", timeout=180_000)
+    moments = page.evaluate("() => window.__health")
+    healthy = [text for badge, text in moments if badge.strip() == "Healthy"]
+    assert healthy and not [t for t in healthy if "not seen yet" in t], "Healthy beside unseen stages"
+    for card in page.locator("#cluster-monitor .stage-card").all():
+        expect(card).to_contain_text("Process alive")
+        expect(card).to_contain_text("Transport listening")
+
+
+def test_6_launch_says_why_it_is_disabled_and_the_plan_stays(stack, admin):
+    page = admin.page
+    launch = page.get_by_role("button", name="Launch cluster")
+    expect(launch).to_be_disabled(timeout=LIVE)
+    expect(page.locator("#launch-why")).to_contain_text("already serve")
+    expect(page.locator("#launch-why")).to_contain_text("stop that cluster first")
+    plan = page.locator("#plan-preview")
+    expect(plan.get_by_text("Plan", exact=True)).to_be_visible()
+    expect(plan).not_to_contain_text("does not fit")
+    expect(plan.get_by_text("Refused", exact=True)).to_have_count(0)
+
+
+def test_7_after_stop_the_nodes_free_memory_comes_back(stack, admin):
+    page = admin.page
+    idle = stack.api_state()["nodes"][0]["report"]["memory"]["budget_bytes"]
+    node_a = page.locator("#nodes li", has_text="node-a")
+    serving = node_a.inner_text()
+    page.get_by_role("button", name="Stop cluster").click()
+    expect(page.locator("#cluster-health")).to_have_text("Stopped", timeout=60_000)
+    started = time.monotonic()
+    wait_until(lambda: stack.api_state()["nodes"][0]["report"]["memory"]["free_bytes"] == idle, 20,
+               message="node-a's report to show its memory free again")
+    expect(node_a).not_to_have_text(serving, timeout=LIVE)
+    print(f"\nnode-a's free memory was back {time.monotonic() - started:.2f} s after the cluster stopped")
+    expect(page.get_by_role("button", name="Launch cluster")).to_be_enabled(timeout=LIVE)
