@@ -7,10 +7,15 @@ and re-runs its readiness probe (prefill + batched decode of two requests) befor
 ready again. Steps of each attempt are appended to the session's timeline
 (`recovery_steps`, pure) and reported as `LaunchStepped` events like a launch's.
 
-Order: the router entry goes first (no traffic to a broken pipeline; new requests to the
-coordinator get 503 + Retry-After), the post-mortem of each process is kept, the process is
-stopped (a wedged one is still running), started again, waited for until it listens, the
-coordinator is waited for until it is healthy, and the router entry comes back.
+Order: the post-mortem of each process is kept, the process is stopped (a wedged one is
+still running), started again, waited for until it listens, the coordinator is waited for
+until it is healthy, and the router entry is confirmed.
+
+The router entry STAYS during a recovery (docs/router.md, "During a recovery"): the router
+takes the backend out of rotation itself (its coordinator answers 503 to the health probe
+and to any request relayed to it), so a client asking for the model gets 503 + Retry-After
+— "come back soon" — and not the 404 "model not found" that a removed entry would give.
+Only a teardown removes it.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: i
     nodes = {f"stage-{st.index}": (st.node_name, st.port) for st in session.stages}
     coordinator_node = next((st.node_name for st in session.stages if st.node_id == session.coordinator_node),
                             "its node")
-    steps = [Step(key=p + "router.deregister", label=head + "router entry removed while the pipeline is repaired")]
+    steps = []
     for proc in processes:
         node, port = nodes.get(proc, (coordinator_node, session.coordinator_port))
         steps.append(Step(key=p + f"{proc}.stop", label=head + f"{_label(proc)} stopped on {node} (post-mortem kept)"))
@@ -59,7 +64,8 @@ def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: i
             steps.append(Step(key=p + f"{proc}.listen", label=head + f"{_label(proc)} transport listening on port {port}"))
     steps.append(Step(key=p + "coordinator.healthy",
                       label=head + "coordinator healthy again (re-connected, probe through every stage)"))
-    steps.append(Step(key=p + "router.register", label=head + "router registered again"))
+    steps.append(Step(key=p + "router.register", label=head + "router entry confirmed (it stayed registered; the "
+                                                               "router answered 503 + Retry-After meanwhile)"))
     return tuple(steps)
 
 
@@ -95,12 +101,8 @@ class Recovery:
 
     def run(self) -> str:
         """Replace the processes; "" when the session serves again, else why not."""
-        key = "router.deregister"
+        key = f"{self.processes[0]}.stop"
         try:
-            self._step(key, "running")
-            self.registrar.deregister(self.s.name)
-            self.post(ev.SessionRegistered(session_id=self.s.id, registered=False))
-            self._step(key, "done")
             toml = self.s.config_toml or _cluster_toml(self.s)
             mortems = []
             for proc in self.processes:
@@ -127,6 +129,7 @@ class Recovery:
             self._step(key, "done")
             key = "router.register"
             self._step(key, "running")
+            # Idempotent: changes nothing when the entry stayed, restores one that went missing.
             self.registrar.register(self.s.name, self.s.url + "/v1", [self.s.model_name])
             self.post(ev.SessionRegistered(session_id=self.s.id, registered=True))
             self._step(key, "done", self.s.name)

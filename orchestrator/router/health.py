@@ -8,7 +8,7 @@ coordinator is up but its pipeline is not ready), `unhealthy`. Only `healthy` is
   (it stays routable meanwhile: one lost probe must not drop a busy backend, and the proxy
   fails over on connection errors anyway).
 - A 503 is not a failure but an explicit "not ready": the backend leaves rotation at once
-  and counts its successes from zero again.
+  and counts its successes from zero again — a 503 answer to a proxied request too.
 - Healthy backends are probed every `interval`; every other one at least every second, so a
   warming or new backend joins quickly (continuum-router re-checks a 503 every second).
 """
@@ -168,6 +168,11 @@ class HealthChecker:
         """A proxied request could not connect: count it like a failed probe, re-probe soon."""
         self._record(name, url, None, ProbeResult(None, error=error), passive=True)
 
+    def report_unavailable(self, name: str, url: str, error: str) -> None:
+        """A proxied request was answered 503 (e.g. a coordinator repairing its pipeline): the
+        backend leaves rotation now, as after a 503 probe, instead of at its next probe."""
+        self._record(name, url, None, ProbeResult(503, error=error), passive=True)
+
     def start(self) -> None:
         """Start the scheduling thread and the probe pool."""
         self._pool = ThreadPoolExecutor(MAX_PROBES, thread_name_prefix="router-probe")
@@ -220,6 +225,8 @@ class HealthChecker:
             entry.due = min(entry.due, time.monotonic() + next_delay(entry.health, self._settings)) if passive \
                 else time.monotonic() + next_delay(entry.health, self._settings)
             after = entry.health
+        if passive:
+            self._wake.set()  # the loop may be sleeping until a healthy backend's far-off probe
         if after.state != before.state:
             fields: dict[str, object] = {"backend": name, "url": url, "was": before.state}
             if after.last_error:

@@ -164,6 +164,8 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
             service.log.warning("proxy.backend_failed", backend=route.name, reason=exc)
             raise OpenAIError(502, f"Backend '{route.name}' failed: {exc}", "server_error",
                               code="bad_gateway") from None
+        if resp.status == 503:  # relayed unchanged (Retry-After included), and no more traffic until ready
+            service.report_unavailable(route, resp.status)
         try:
             relay(handler, resp)
         finally:

@@ -100,6 +100,11 @@ class RouterService:
         self.log.warning("proxy.connect_failed", backend=route.name, url=route.url, reason=error)
         self.checker.report_failure(route.name, route.url, error)
 
+    def report_unavailable(self, route: Route, status: int) -> None:
+        """A backend answered a proxied request with 503: out of rotation until it is ready again."""
+        self.log.info("proxy.backend_unavailable", backend=route.name, status=status)
+        self.checker.report_unavailable(route.name, route.url, f"HTTP {status} to a proxied request")
+
     def models_doc(self) -> dict:
         """GET /v1/models: the union of the healthy backends' models, OpenAI list format."""
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "pipeserve-router"}

@@ -59,6 +59,33 @@ def test_a_killed_process_is_replaced_and_the_others_keep_their_pids(env: Env, v
     print(f"{victim}: kill -9 -> Healthy again in {took:.2f} s (fault seen -> Healthy: {fault.recovery_s} s)")
 
 
+def test_during_a_recovery_the_router_answers_503_with_retry_after_not_404(env: Env):
+    """The backend stays registered while its pipeline is repaired: through the real router a
+    client gets 503 + Retry-After ("come back soon"), never 404 "model not found"."""
+    import requests
+
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    wait_router_lists(env, True)
+    os.kill(pids(env, s.id)["stage-1"], signal.SIGKILL)
+    env.orch.wait(lambda st: st.session(s.id).phase == "recovering", 30)
+    seen: list[tuple[int, str | None, str]] = []
+    deadline = time.monotonic() + 120
+    while env.orch.state.session(s.id).phase == "recovering" and time.monotonic() < deadline:
+        assert env.backends() == ["tiny-cluster"], "the router entry stays during a recovery"
+        r = requests.post(env.router.url + "/v1/completions", timeout=30,
+                          json={"model": MODEL_ID, "prompt": "hi", "max_tokens": 2, "temperature": 0})
+        seen.append((r.status_code, r.headers.get("Retry-After"), r.text[:200]))
+        time.sleep(0.05)
+    s = recovered(env, s.id)
+    assert not [x for x in seen if x[0] not in (200, 503)], seen  # no 404, no 5xx but 503
+    unavailable = [x for x in seen if x[0] == 503]
+    assert unavailable, seen
+    assert all(retry and int(retry) > 0 for _, retry, _ in unavailable), unavailable
+    print(f"{len(unavailable)} x 503 + Retry-After, {len(seen) - len(unavailable)} x 200 during the recovery")
+    wait_router_lists(env, True, timeout=30)
+    assert ask(env)
+
+
 @pytest.fixture
 def stage_1_wedges(monkeypatch):
     """stage-1 serves the probe and a little more, then its compute thread blocks forever."""

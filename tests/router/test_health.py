@@ -107,3 +107,21 @@ def test_disabled_checks_make_every_backend_routable_without_probing():
         wait_until(lambda: calls, 5, 0.01, "a probe once checks are enabled")
     finally:
         checker.stop()
+
+
+def test_a_503_answer_to_a_proxied_request_takes_the_backend_out_before_its_next_probe():
+    """A coordinator repairing its pipeline answers 503: the router stops routing to it at once
+    (its own 503 + Retry-After follows), not only after the next probe, `interval` later."""
+    results = [OK]
+    checker = HealthChecker(logs.get("test"), lambda url, s: results[-1])
+    a = BackendConfig(name="a", url="http://a:1")
+    checker.configure((a,), HealthChecks(interval=60, healthy_threshold=1))
+    checker.start()
+    try:
+        wait_until(lambda: checker.snapshot()["a"].routable, 3, 0.01, "backend a to be healthy")
+        checker.report_unavailable("a", "http://a:1", "HTTP 503 to a proxied request")
+        h = checker.snapshot()["a"]
+        assert h.state == "warming" and not h.routable and h.last_status == 503, h
+        wait_until(lambda: checker.snapshot()["a"].routable, 5, 0.01, "a re-probe within a second, not 60 s")
+    finally:
+        checker.stop()
