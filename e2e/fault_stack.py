@@ -25,6 +25,7 @@ import yaml
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Session, Settings
+from orchestrator.demo_stack import SHARED_HOST_BLAS
 from orchestrator.registrar import ConfigFileRegistrar
 
 MODEL_ID = "SmolLM2-135M-Instruct"
@@ -136,7 +137,11 @@ class Stack:
         return self.root / "router.yaml"
 
     def start(self, model_dir: Path, nodes: int = 2, env: dict[str, str] | None = None) -> "Stack":
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # Every "node" is this one machine, as in the demo and the tests' agents: a stage gets
+        # one BLAS thread (all cores when nothing else is in flight). Without it each stage's
+        # OpenBLAS spreads every GEMM over all cores that the other stage (and any other load)
+        # also wants, and a fresh stage's probe steps took 5-10x longer (README, recovery).
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS, **(env or {})}
         first, _ = free_block(10 * nodes)
         for i in range(nodes):
             a = Agent(f"node-{'abcdefgh'[i]}", self.root / f"node-{i}", free_port(),

@@ -16,6 +16,11 @@ from . import transport
 from .wire import FrameError, HandshakeError
 
 
+# A refused connect costs microseconds, so retry often: a replaced stage is joined within a
+# quarter second of listening (at most 1 s before, which cost recoveries up to a second).
+RECONNECT_MAX_S = 0.25
+
+
 class StageLink:
     """One stage as the coordinator sees it."""
 
@@ -55,7 +60,7 @@ class StageLink:
                     self._log.info("link.connect_failed", stage=self.node_id, reason=exc)
                     last_error = str(exc)
                 self._stop.wait(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
             delay, last_error = 0.05, ""
             self._inbox.put(("link_up", self.index, conn))

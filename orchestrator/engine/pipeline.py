@@ -32,9 +32,11 @@ PING_TIMEOUT = 3.0  # a stage silent this long is lost (its reader answers pings
 TICK = 0.1
 PROBE_TIMEOUT = 60.0  # the probe is a few tokens: only a broken pipeline takes this long
 # The readiness probe runs the paths requests take: a prefill chunk, a sampled token, then
-# decode steps of two requests at once (a micro-batch on every stage).
+# decode steps of two requests at once (a micro-batch on every stage). Both requests travel
+# together — one group of prefill chunks, then one batched step that samples — so a probe
+# is 4 steps per stage, not 8: a fresh stage's first steps are its slowest (recovery time).
 PROBE_PROMPT = [0, 1, 2, 3]
-PROBE_TOKENS = 3
+PROBE_TOKENS = 2
 PROBE_REQUESTS = 2
 REPROBE_INTERVAL = 5.0
 
@@ -49,6 +51,7 @@ class _Active:
     cancelled: bool = False
     internal: bool = False  # the readiness probe or the idle canary: never counted as a request
     canary: bool = False
+    opened: Frame | None = None  # its OPEN frame, sent ahead of its first chunk
 
 
 class Pipeline:
@@ -208,9 +211,13 @@ class Pipeline:
         """Healthy means generations went through every stage the way requests do, not just open ports."""
         self._last_probe = now()
         self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
-        for _ in range(PROBE_REQUESTS):
-            self._admit(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=PROBE_TOKENS), self._inbox),
-                        internal=True)
+        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=PROBE_TOKENS), self._inbox),
+                              internal=True) for _ in range(PROBE_REQUESTS)]
+        chunks = [tokens_frame(a.rid, 0, PROBE_PROMPT[:-1]) for a in members]
+        for a in members:
+            a.position, a.next_token = len(PROBE_PROMPT) - 1, PROBE_PROMPT[-1]
+        if self._send(0, [m.opened for m in members] + chunks):
+            self._launch(members, solo=False)  # not SOLO: a fresh stage warms up on its usual threads
 
     def _lose(self, index: int, reason: str) -> None:
         link = self.links[index]
@@ -264,15 +271,9 @@ class Pipeline:
         if not internal and len(self._active) >= self.max_requests:
             gen.events.put(Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
             return
-        rid = next(self._ids)
-        a = _Active(gen, rid, internal=internal, canary=canary)
-        gen.rid = rid
-        self._active[rid] = a
-        p = gen.params
-        opened = json_frame(Kind.OPEN, {"temperature": p.temperature, "top_p": p.top_p, "seed": p.seed,
-                                        "top_logprobs": p.top_logprobs}, request_id=rid)
-        prompt = gen.prompt
-        first = [opened]
+        a = self._open(gen, internal, canary)
+        rid, prompt = a.rid, gen.prompt
+        first = [a.opened]
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
         for start in range(0, len(prompt) - 1, self.prefill_step):
             chunk = prompt[start:min(start + self.prefill_step, len(prompt) - 1)]
@@ -284,16 +285,27 @@ class Pipeline:
         self._launch([a], first)
         self.metrics.set_in_flight(self._public_count())
 
+    def _open(self, gen: Generation, internal: bool, canary: bool = False) -> _Active:
+        """Track a new request; its OPEN frame (sampling parameters) is `opened`."""
+        rid = next(self._ids)
+        a = _Active(gen, rid, internal=internal, canary=canary)
+        gen.rid = rid
+        self._active[rid] = a
+        p = gen.params
+        a.opened = json_frame(Kind.OPEN, {"temperature": p.temperature, "top_p": p.top_p, "seed": p.seed,
+                                          "top_logprobs": p.top_logprobs}, request_id=rid)
+        return a
+
     def _solo(self, members: int) -> Flag:
         """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
         computes only while the others wait for it). Prefill chunks are not tracked as groups, so
         also require that no other request is active."""
         return Flag.SOLO if not self._group_left and len(self._active) == members else Flag.NONE
 
-    def _launch(self, members: list[_Active], prefix: list[Frame] | None = None) -> None:
+    def _launch(self, members: list[_Active], prefix: list[Frame] | None = None, solo: bool = True) -> None:
         gid = next(self._group_ids)
         frames = list(prefix or [])
-        solo = self._solo(len(members))
+        solo = self._solo(len(members)) if solo else Flag.NONE
         for a in members:
             frames.append(tokens_frame(a.rid, a.position, [a.next_token], Flag.SAMPLE | solo))
             self._group_of[a.rid] = gid
