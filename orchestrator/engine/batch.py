@@ -98,23 +98,39 @@ class RowSplitAttention(nn.Module):
         self.inner = inner
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        batch = next((a for a in (*args, *kwargs.values()) if isinstance(a, RowCaches)), None)
+        batch = next((a for a in (*args, *kwargs.values()) if _row_caches_of(a)), None)
         if batch is None:
             return self.inner(x, *args, **kwargs)
 
         def pick(value: Any, b: int) -> Any:
             if value is batch:
-                return batch.rows[b]
+                members = _row_caches_of(batch)
+                return members[0].rows[b] if isinstance(batch, RowCaches) else CacheList(*(m.rows[b] for m in members))
             return value.masks[b] if isinstance(value, RowMasks) else value
 
         return mx.concatenate([self.inner(x[b:b + 1], *(pick(a, b) for a in args),
                                           **{k: pick(v, b) for k, v in kwargs.items()})
-                               for b in range(len(batch.rows))], axis=0)
+                               for b in range(x.shape[0])], axis=0)
+
+
+def _row_caches_of(value: Any) -> list[RowCaches]:
+    """The RowCaches a batched attention call received: itself, or every member of a CacheList
+    (DeepSeek-V3.2's latent and indexer caches); empty for anything else."""
+    if isinstance(value, RowCaches):
+        return [value]
+    if isinstance(value, CacheList) and value.caches and all(isinstance(c, RowCaches) for c in value.caches):
+        return list(value.caches)
+    return []
 
 
 def split_attention_by_row(layer: nn.Module, name: str) -> None:
-    """Wrap `layer.<name>` (its attention module) in `RowSplitAttention`."""
-    layer[name] = RowSplitAttention(layer[name])
+    """Wrap `layer.<name>` (its attention module, or each of a list of them: LongCat-Flash's
+    two per layer) in `RowSplitAttention`."""
+    inner = layer[name]
+    if isinstance(inner, list):
+        layer[name] = [RowSplitAttention(module) for module in inner]
+    else:
+        layer[name] = RowSplitAttention(inner)
 
 
 class RowStates(ArraysCache):

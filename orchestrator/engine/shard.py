@@ -60,9 +60,11 @@ class ModelInfo:
 
 
 def layer_count(cfg: dict[str, Any]) -> int:
-    """Decoder layers per config.json; hybrid families may give only their per-layer pattern."""
-    if cfg.get("num_hidden_layers") is not None:
-        return int(cfg["num_hidden_layers"])
+    """Decoder layers per config.json; hybrid families may give only their per-layer pattern
+    (LongCat-Flash calls the count num_layers)."""
+    for key in ("num_hidden_layers", "num_layers"):
+        if cfg.get(key) is not None:
+            return int(cfg[key])
     for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
         if isinstance(cfg.get(key), (list, str)):
             return len(cfg[key])

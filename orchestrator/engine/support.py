@@ -51,16 +51,34 @@ FAMILIES: dict[str, str] = {
     "hunyuan_v1_dense": "Hunyuan dense",
     "lfm2": "LFM2 (hybrid short convolutions)",
     "falcon_h1": "Falcon-H1 (parallel attention + Mamba2)",
+    "qwen2_moe": "Qwen1.5 / Qwen2 MoE",
+    "olmoe": "OLMoE",
+    "phimoe": "Phi-3.5-MoE / Phi-mini-MoE",
+    "granitemoe": "Granite 3 MoE",
+    "minimax": "MiniMax-M2 (MoE)",
+    "ernie4_5_moe": "ERNIE 4.5 MoE",
+    "dots1": "dots.llm1 (MoE)",
+    "bailing_moe": "Ling 2.0 (MoE)",
+    "lfm2_moe": "LFM2-MoE (hybrid short convolutions)",
+    "glm4_moe_lite": "GLM-4.7-Flash (MLA, MoE)",
+    "deepseek_v32": "DeepSeek-V3.2 (MLA with sparse indexer, MoE)",
+    "kimi_linear": "Kimi-Linear (hybrid delta attention, MLA, MoE)",
+    "mimo_v2_flash": "MiMo-V2-Flash (sliding/global, sinks, MoE)",
+    "step3p5": "Step-3.5-Flash (sliding/global, MoE)",
+    "granitemoehybrid": "Granite 4.0-H (hybrid Mamba, MoE)",
+    "longcat_flash": "LongCat-Flash (MLA, shortcut MoE with zero experts)",
 }
 
 # The one kind of adapter: families whose attention uses the keys it fetched from the cache
 # itself instead of handing them to mlx-lm's shared attention (gemma2's soft-capped scores,
-# MLA's absorbed projections). In a micro-batched decode step their attention module (this
-# attribute of each layer) runs once per request; MLP and MoE stay batched (engine/batch.py).
-ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_attn"}
+# MLA's absorbed projections, DeepSeek-V3.2's indexer). In a micro-batched decode step their
+# attention module (this attribute of each layer, or each module of a list of them) runs once
+# per request; MLP and MoE stay batched (engine/batch.py).
+ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_attn", "glm4_moe_lite": "self_attn",
+                                 "deepseek_v32": "self_attn", "kimi_linear": "self_attn", "longcat_flash": "self_attn"}
 
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
-ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3"}
+ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax"}
 
 # Families whose mlx-lm module loads the text decoder of a multimodal checkpoint (it drops
 # the vision tower): served text-only.

@@ -123,10 +123,11 @@ def _cast(model: nn.Module, dtype: mx.Dtype) -> None:
 def _mixed_predicate(model: nn.Module, layers: int):
     """Per-module quantization like mlx-community's mixed recipes: 4-bit group-64 by
     default (the global entry), with overrides recorded per module path: 6-bit for the
-    embedding and head, 8-bit for v_proj / down_proj in the first and last layers, and
-    group 32 for the last layer's output projection (o_proj / out_proj). The model's own
-    predicate (e.g. 8-bit routers) is applied first, so such modules are treated as in the
-    uniform quantizations (mlx_lm.convert's recipes would replace it instead)."""
+    embedding and head, 8-bit for v_proj / down_proj (InternLM2's w2) in the first and
+    last layers, and group 32 for the last layer's output projection (o_proj / out_proj,
+    Ling's attention.dense, InternLM2's attention.wo). The model's own predicate (e.g.
+    8-bit routers) is applied first, so such modules are treated as in the uniform
+    quantizations (mlx_lm.convert's recipes would replace it instead)."""
     own = getattr(model, "quant_predicate", None)
     last = f".layers.{layers - 1}."
 
@@ -139,9 +140,9 @@ def _mixed_predicate(model: nn.Module, layers: int):
         if path.endswith(("embed_tokens", "lm_head", "embeddings", "output")):
             return {"group_size": _GROUP, "bits": 6, "mode": "affine"}
         edge = ".layers.0." in path or last in path
-        if edge and any(k in path for k in ("v_proj", "down_proj", "kv_b_proj")):
+        if edge and any(k in path for k in ("v_proj", "down_proj", "kv_b_proj", "feed_forward.w2")):
             return {"group_size": _GROUP, "bits": 8, "mode": "affine"}
-        if last in path and path.endswith(("o_proj", "out_proj")) and in_dim % 32 == 0:
+        if last in path and path.endswith(("o_proj", "out_proj", "attention.dense", "attention.wo")) and in_dim % 32 == 0:
             return {"group_size": 32, "bits": 4, "mode": "affine"}
         return True
 
