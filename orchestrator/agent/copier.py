@@ -18,11 +18,13 @@ a single receiver, or by earlier versions). The peer stays untrusted (see `peer`
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import http.client
 import json
 import os
 import queue
+import select
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -37,7 +39,33 @@ from .schemas import PeerSource
 RECV_CHUNK = 1 << 20  # measured: 4 MiB blocks fall out of the CPU cache between recv and pwrite (2-3x the CPU)
 HASH_CHUNK = 1 << 20  # read back while still hot in the cache, hashed in place
 SPLIT_MIN = 32 << 20  # a file is shared between peers only in ranges of at least this
+SPLICE = hasattr(os, "splice")  # Linux: the body never passes through Python
+F_SETPIPE_SZ = 1031
 WRITEBACK_EVERY = 64 << 20  # hashed bytes after which the kernel is asked to start writing them back
+
+
+def _libc_sync_file_range():
+    """Linux's sync_file_range(2) through ctypes (the os module lacks it); None elsewhere."""
+    try:
+        import ctypes
+        import ctypes.util
+
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        return fn
+    except (OSError, AttributeError):
+        return None
+
+
+_SYNC_FILE_RANGE = _libc_sync_file_range()  # a C function looked up once, never changed
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing a range of dirty pages back, without waiting and without
+    dropping them (measured: POSIX_FADV_DONTNEED instead triples the receiver's CPU)."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
 @dataclass
@@ -315,25 +343,32 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
         raise oversize_error(p.rel, p.size)  # refused before a byte is read
     fd = os.open(p.part, os.O_WRONLY | os.O_CREAT, 0o644)
     buf = memoryview(bytearray(min(RECV_CHUNK, expect)))
+
+    def landed(n: int) -> None:
+        if p.generation != generation:
+            raise _Stale
+        if c.job.cancel.is_set() or c.error is not None:
+            raise Cancelled
+        with c.cond:
+            p.ranges[i][2] += n
+            p.counted += n
+            c.cond.notify_all()
+        c.job.transferred(n)
+
     try:
         got = 0
+        if declared is not None and SPLICE and conn.sock is not None:
+            # The body goes socket -> pipe -> page cache inside the kernel: no copy through Python.
+            got = _splice_body(conn, r, fd, offset, expect, landed)
         while got < expect:
             # Whole blocks: the C loop fills the buffer with few Python steps per byte. A
             # stalled peer cannot hold a cancel up: the copy shuts the socket down (`unblock`).
             n = r.readinto(buf[:min(len(buf), expect - got)])
             if not n:
                 break
-            if p.generation != generation:
-                raise _Stale
-            if c.job.cancel.is_set() or c.error is not None:
-                raise Cancelled
             os.pwrite(fd, buf[:n], offset + got)
+            landed(n)
             got += n
-            with c.cond:
-                p.ranges[i][2] += n
-                p.counted += n
-                c.cond.notify_all()
-            c.job.transferred(n)
     finally:
         os.close(fd)
     if got == expect and declared is None and r.read1(1):  # one byte too many is enough to know
@@ -341,6 +376,51 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
     if got < expect:
         raise http.client.IncompleteRead(b"", expect - got)
     r.close()
+
+
+def _splice_body(conn: http.client.HTTPConnection, r: http.client.HTTPResponse, fd: int, offset: int, expect: int,
+                 landed) -> int:
+    """Move up to `expect` body bytes to `fd` at `offset` with splice(2); returns how many.
+
+    What the response's buffered reader already holds is written first; the connection is
+    closed afterwards (the response's own byte count no longer matches), and reopened by the
+    next request. Never more than `expect` bytes: the peer cannot write past the range.
+    """
+    held = r.fp.peek(1)[:expect] if r.fp is not None else b""
+    got = 0
+    if held:
+        held = r.read(len(held))
+        os.pwrite(fd, held, offset)
+        landed(len(held))
+        got = len(held)
+    sock = conn.sock
+    rp, wp = os.pipe()
+    try:
+        try:
+            fcntl.fcntl(wp, F_SETPIPE_SZ, RECV_CHUNK)
+        except OSError:
+            pass  # the default pipe size (64 KiB) works too, with more calls
+        src = sock.fileno()
+        while got < expect:
+            try:
+                n = os.splice(src, wp, min(RECV_CHUNK, expect - got))
+            except BlockingIOError:  # a socket with a timeout is non-blocking underneath
+                if not select.select([src], [], [], TIMEOUT[1])[0]:
+                    raise TimeoutError("no data from the peer") from None
+                continue
+            if n == 0:
+                break
+            left = n
+            while left:
+                m = os.splice(rp, fd, left, offset_dst=offset + got + (n - left))
+                left -= m
+            got += n
+            landed(n)
+    finally:
+        os.close(rp)
+        os.close(wp)
+        conn.close()
+    return got
 
 
 def _hasher(c: Copy, to_hash: queue.Queue) -> None:
@@ -386,9 +466,9 @@ def _verify(c: Copy, p: Part) -> None:
                     digest.update(buf[:n])
                     pos += n
                 if pos - flushed >= WRITEBACK_EVERY:
-                    # Start writing hashed bytes back now (non-blocking), so the fsync before
-                    # the rename has little left to wait for.
-                    os.posix_fadvise(fd, flushed, pos - flushed, os.POSIX_FADV_DONTNEED)
+                    # Start writing hashed bytes back now, so the fsync before the rename has
+                    # little left to wait for.
+                    start_writeback(fd, flushed, pos - flushed)
                     flushed = pos
             else:
                 if p.size == 0 and not p.part.exists():
