@@ -89,8 +89,10 @@ def test_1_nodes_at_their_own_addresses_by_address_and_by_zeroconf(lan_stack, pa
         expect(node_entry(page, node.name)).to_contain_text("Reachable")
     found = page.locator("#nodes li", has_text=s.address(b))
     expect(found.get_by_role("button", name="Register")).to_be_visible(timeout=45_000)  # zeroconf on the bridge
-    found.get_by_label(re.compile("Pairing token")).fill(s.tokens[b.name])
-    found.get_by_role("button", name="Register").click()
+    found.get_by_role("button", name="Register").click()  # fills the Add node form with its address
+    expect(page.get_by_label("Address", exact=True)).to_have_value(s.address(b))
+    page.get_by_label("Pairing token", exact=True).fill(s.tokens[b.name])
+    page.get_by_role("button", name="Add node").click()
     expect(node_entry(page, b.name)).to_contain_text("Reachable")
     urls = sorted(n["url"] for n in api_state(s)["nodes"])
     assert urls == [f"http://{n.ip}:39500" for n in (a, b, c)], urls  # three distinct node IPs
