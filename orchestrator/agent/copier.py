@@ -18,13 +18,10 @@ a single receiver, or by earlier versions). The peer stays untrusted (see `peer`
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import http.client
-import json
 import os
 import queue
-import select
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -32,40 +29,15 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from ..logs import EventLogger
+from .fastio import SPLICE, splice_body, start_writeback
 from .jobs import Cancelled, DownloadError, Job
+from .parts import Part, load_part, save_ranges
 from .peer import NETWORK_RETRIES, TIMEOUT, network_reason, oversize_error, status_error
 from .schemas import PeerSource
 
 RECV_CHUNK = 1 << 20  # measured: 4 MiB blocks fall out of the CPU cache between recv and pwrite (2-3x the CPU)
 HASH_CHUNK = 1 << 20  # read back while still hot in the cache, hashed in place
-SPLIT_MIN = 32 << 20  # a file is shared between peers only in ranges of at least this
-SPLICE = hasattr(os, "splice")  # Linux: the body never passes through Python
-F_SETPIPE_SZ = 1031
 WRITEBACK_EVERY = 64 << 20  # hashed bytes after which the kernel is asked to start writing them back
-
-
-def _libc_sync_file_range():
-    """Linux's sync_file_range(2) through ctypes (the os module lacks it); None elsewhere."""
-    try:
-        import ctypes
-        import ctypes.util
-
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
-        fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-        return fn
-    except (OSError, AttributeError):
-        return None
-
-
-_SYNC_FILE_RANGE = _libc_sync_file_range()  # a C function looked up once, never changed
-SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing a range of dirty pages back, without waiting and without
-    dropping them (measured: POSIX_FADV_DONTNEED instead triples the receiver's CPU)."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
 @dataclass
@@ -81,32 +53,6 @@ class Peer:
     def of(cls, url: str, ticket: str, model_id: str) -> "Peer":
         parts = urlsplit(url)
         return cls(parts.hostname or "", parts.port or 80, ticket, f"/v1/models/{quote(model_id, safe='')}/files/")
-
-
-@dataclass
-class Part:
-    """One file being assembled: its ranges [start, end, written] and its state."""
-
-    rel: str
-    size: int
-    sha256: str
-    target: Path
-    ranges: list[list[int]]
-    sidecar: Path | None  # set when the file is taken in several ranges
-    counted: int = 0  # bytes of it counted as in progress in the job
-    generation: int = 0  # bumped when the file is thrown away and fetched again
-    attempts: int = 0
-
-    @property
-    def part(self) -> Path:
-        return self.target.with_name(self.target.name + ".part")
-
-    def frontier(self) -> int:
-        """How many bytes from the start are written without a gap."""
-        for start, end, written in self.ranges:
-            if written < end - start:
-                return start + written
-        return self.size
 
 
 @dataclass
@@ -144,51 +90,6 @@ class Copy:
         return self.error is not None or self.verified == len(self.parts) or self.job.cancel.is_set()
 
 
-def plan_ranges(size: int, prefix: int, peers: int) -> list[list[int]]:
-    """[start, end, written] ranges covering a file: the written prefix, then one share per peer (pure)."""
-    shares = max(1, min(peers, (size - prefix) // SPLIT_MIN))
-    if shares == 1:
-        return [[0, size, prefix]]
-    bounds = [prefix + (size - prefix) * i // shares for i in range(shares + 1)]
-    return [[0, bounds[1], prefix]] + [[bounds[i], bounds[i + 1], 0] for i in range(1, shares)]
-
-
-def _load_part(rel: str, size: int, sha256: str, target: Path, sidecar: Path, peers: int) -> Part:
-    """A part as far as it got before (its sidecar's ranges, else its contiguous size)."""
-    part = target.with_name(target.name + ".part")
-    ranges: list[list[int]] | None = None
-    try:
-        saved = json.loads(sidecar.read_text())
-        if saved.get("size") == size and saved.get("sha256") == sha256:
-            ranges = [[int(a), int(b), int(w)] for a, b, w in saved["ranges"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        ranges = None
-    on_disk = part.stat().st_size if part.exists() else 0
-    if ranges is None:
-        prefix = on_disk if on_disk <= size else 0
-    else:
-        prefix = Part(rel, size, sha256, target, ranges, None).frontier()
-    if on_disk > size or (prefix == 0 and on_disk):
-        part.unlink()  # nothing usable in it
-    if ranges is not None and len(ranges) > 1 and prefix < size:
-        pending = [r for r in ranges if r[2] < r[1] - r[0]]
-        if len(pending) == peers or peers == 1:  # the same plan still fits: keep every range's progress
-            p = Part(rel, size, sha256, target, ranges, sidecar)
-            return p
-    ranges = plan_ranges(size, prefix, peers)
-    return Part(rel, size, sha256, target, ranges, sidecar if len(ranges) > 1 else None)
-
-
-def _save_ranges(part: Part) -> None:
-    """Record the ranges' progress (only what has been written: a crash re-fetches the rest)."""
-    if part.sidecar is None:
-        return
-    part.sidecar.parent.mkdir(parents=True, exist_ok=True)
-    tmp = part.sidecar.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"size": part.size, "sha256": part.sha256, "ranges": part.ranges}))
-    os.replace(tmp, part.sidecar)
-
-
 def copy_from_peers(job: Job, source: PeerSource, files_dir: Path, linked: set[str], log: EventLogger,
                     hashers: int = 2) -> None:
     """Bring every file of the job's manifest into `files_dir` (those in `linked` are already there)."""
@@ -205,12 +106,12 @@ def copy_from_peers(job: Job, source: PeerSource, files_dir: Path, linked: set[s
             # Renamed from .part only after verification (or linked from a verified local copy).
             job.file_done(entry.size, "reused" if rel in linked else "resumed", counted=0)
             continue
-        p = _load_part(rel, entry.size, entry.sha256, target, ranges_dir / f"{rel}.json", len(peers))
+        p = load_part(rel, entry.size, entry.sha256, target, ranges_dir / f"{rel}.json", len(peers))
         p.counted = sum(w for _, _, w in p.ranges)
         with job.lock:
             job.resumed_bytes += p.counted
             job.current_bytes += p.counted
-        _save_ranges(p)
+        save_ranges(p)
         parts.append(p)
     if not parts:
         return
@@ -238,7 +139,7 @@ def copy_from_peers(job: Job, source: PeerSource, files_dir: Path, linked: set[s
         t.join()
     for p in parts:
         if p.part.exists():
-            _save_ranges(p)
+            save_ranges(p)
     if c.verified < len(parts):
         raise c.error or Cancelled()  # a DownloadError, Cancelled, or a bug (reported on the job)
 
@@ -301,7 +202,7 @@ def _receiver(c: Copy, peer: Peer) -> None:
             finally:
                 with c.cond:
                     if p.generation == generation:
-                        _save_ranges(p)
+                        save_ranges(p)
     except Cancelled:
         c.fail(Cancelled())
     except BaseException as exc:  # noqa: BLE001 (a DownloadError, or a bug: the job reports it)
@@ -359,7 +260,7 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
         got = 0
         if declared is not None and SPLICE and conn.sock is not None:
             # The body goes socket -> pipe -> page cache inside the kernel: no copy through Python.
-            got = _splice_body(conn, r, fd, offset, expect, landed)
+            got = splice_body(conn, r, fd, offset, expect, landed, RECV_CHUNK, TIMEOUT[1])
         while got < expect:
             # Whole blocks: the C loop fills the buffer with few Python steps per byte. A
             # stalled peer cannot hold a cancel up: the copy shuts the socket down (`unblock`).
@@ -376,51 +277,6 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
     if got < expect:
         raise http.client.IncompleteRead(b"", expect - got)
     r.close()
-
-
-def _splice_body(conn: http.client.HTTPConnection, r: http.client.HTTPResponse, fd: int, offset: int, expect: int,
-                 landed) -> int:
-    """Move up to `expect` body bytes to `fd` at `offset` with splice(2); returns how many.
-
-    What the response's buffered reader already holds is written first; the connection is
-    closed afterwards (the response's own byte count no longer matches), and reopened by the
-    next request. Never more than `expect` bytes: the peer cannot write past the range.
-    """
-    held = r.fp.peek(1)[:expect] if r.fp is not None else b""
-    got = 0
-    if held:
-        held = r.read(len(held))
-        os.pwrite(fd, held, offset)
-        landed(len(held))
-        got = len(held)
-    sock = conn.sock
-    rp, wp = os.pipe()
-    try:
-        try:
-            fcntl.fcntl(wp, F_SETPIPE_SZ, RECV_CHUNK)
-        except OSError:
-            pass  # the default pipe size (64 KiB) works too, with more calls
-        src = sock.fileno()
-        while got < expect:
-            try:
-                n = os.splice(src, wp, min(RECV_CHUNK, expect - got))
-            except BlockingIOError:  # a socket with a timeout is non-blocking underneath
-                if not select.select([src], [], [], TIMEOUT[1])[0]:
-                    raise TimeoutError("no data from the peer") from None
-                continue
-            if n == 0:
-                break
-            left = n
-            while left:
-                m = os.splice(rp, fd, left, offset_dst=offset + got + (n - left))
-                left -= m
-            got += n
-            landed(n)
-    finally:
-        os.close(rp)
-        os.close(wp)
-        conn.close()
-    return got
 
 
 def _hasher(c: Copy, to_hash: queue.Queue) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent import copier
+from orchestrator.agent import copier, parts
 from orchestrator.agent.jobs import Cancelled, DownloadError, Job
 from orchestrator.agent.schemas import FileEntry, Manifest, PeerSource
 from orchestrator.logs import get as get_log
@@ -112,16 +112,16 @@ def run_copy(job: Job, src: PeerSource, files_dir: Path) -> threading.Thread:
 
 
 def test_plan_ranges_shares_the_rest_after_the_written_prefix(monkeypatch):
-    monkeypatch.setattr(copier, "SPLIT_MIN", 10)
-    assert copier.plan_ranges(100, 0, 1) == [[0, 100, 0]]
-    assert copier.plan_ranges(100, 0, 2) == [[0, 50, 0], [50, 100, 0]]
-    assert copier.plan_ranges(100, 40, 3) == [[0, 60, 40], [60, 80, 0], [80, 100, 0]]
-    assert copier.plan_ranges(100, 95, 3) == [[0, 100, 95]]  # too little left to share
+    monkeypatch.setattr(parts, "SPLIT_MIN", 10)
+    assert parts.plan_ranges(100, 0, 1) == [[0, 100, 0]]
+    assert parts.plan_ranges(100, 0, 2) == [[0, 50, 0], [50, 100, 0]]
+    assert parts.plan_ranges(100, 40, 3) == [[0, 60, 40], [60, 80, 0], [80, 100, 0]]
+    assert parts.plan_ranges(100, 95, 3) == [[0, 100, 95]]  # too little left to share
 
 
 def test_two_peers_serve_ranges_of_each_file_and_every_byte_is_verified(monkeypatch, peers, transfer_model,
                                                                        tmp_path):
-    monkeypatch.setattr(copier, "SPLIT_MIN", 1 << 20)
+    monkeypatch.setattr(parts, "SPLIT_MIN", 1 << 20)
     peers[1].corrupt_once.add("model-00002-of-00002.safetensors")  # one range arrives damaged, once
     manifest = manifest_of(transfer_model)
     job = Job(MODEL, "peer", "k", manifest)
@@ -141,7 +141,7 @@ def test_two_peers_serve_ranges_of_each_file_and_every_byte_is_verified(monkeypa
 
 
 def test_a_cancelled_ranged_copy_resumes_every_range(monkeypatch, peers, transfer_model, tmp_path):
-    monkeypatch.setattr(copier, "SPLIT_MIN", 1 << 20)
+    monkeypatch.setattr(parts, "SPLIT_MIN", 1 << 20)
     manifest = manifest_of(transfer_model)
     files = tmp_path / "work" / "files"
     files.mkdir(parents=True)
