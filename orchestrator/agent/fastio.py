@@ -11,7 +11,8 @@ from __future__ import annotations
 import fcntl
 import http.client
 import os
-import select
+import socket
+import struct
 from collections.abc import Callable
 
 SPLICE = hasattr(os, "splice")  # Linux only
@@ -65,13 +66,16 @@ def splice_body(conn: http.client.HTTPConnection, r: http.client.HTTPResponse, f
         except OSError:
             pass  # the default pipe size (64 KiB) works too, with more calls
         src = sock.fileno()
+        # Blocking, with the kernel's own receive timeout: each splice waits for a pipe's worth
+        # instead of failing with EAGAIN and a select per few KB (Python's timeout would make
+        # the descriptor non-blocking). A cancel shuts the socket down, which wakes it.
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(timeout), 0))
         while got < expect:
             try:
                 n = os.splice(src, wp, min(chunk, expect - got))
-            except BlockingIOError:  # a socket with a timeout is non-blocking underneath
-                if not select.select([src], [], [], timeout)[0]:
-                    raise TimeoutError("no data from the peer") from None
-                continue
+            except BlockingIOError:  # SO_RCVTIMEO ran out
+                raise TimeoutError("no data from the peer") from None
             if n == 0:
                 break
             left = n
