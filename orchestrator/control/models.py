@@ -128,6 +128,11 @@ class ModelManager:
                                                         detail="waiting for the hub download" if i else "")
                                            for i, n in enumerate(node_ids)))
             self._begin(dl)
+        try:  # answer once every viewer's state has it (the action renders it at once)
+            self.orch.wait(lambda st: any(d.model_id == model_id and d.started_at == dl.started_at
+                                          for d in st.downloads), 5)
+        except TimeoutError:
+            pass  # the live push brings it
         return dl
 
     def cancel(self, model_id: str) -> None:

@@ -149,6 +149,25 @@ def test_cancel_then_a_dashboard_restart_resumes_a_running_download(henv: HubEnv
     assert not (henv.agents[2].models_dir / ".partial" / "big2").exists()
 
 
+def test_a_download_survives_its_agent_restarting(henv: HubEnv, transfer_model: Path):
+    """The worker waits for the agent to come back, fetches again, and the agent resumes."""
+    n = henv.node(1)
+    henv.hub.rate_bps = 2e6
+    henv.orch.models.download("org/big", "", [n], model_id="big")
+    henv.orch.wait(lambda st: download_of(st, "big").nodes[0].done_bytes > 2_000_000, 60)
+    agent = henv.agents[1]
+    agent.stop()
+    henv.orch.wait(lambda st: "unreachable" in download_of(st, "big").nodes[0].detail, 30)
+    henv.hub.rate_bps = None
+    agent.restart()
+    state = henv.orch.wait(finished("big"), 120)
+    dl = download_of(state, "big")
+    assert dl.phase == "done" and dl.nodes[0].status == "verified", dl
+    ranged = [r for m, p, r in henv.hub.requests if m == "GET" and p.endswith(".safetensors") and r]
+    assert ranged, "the restarted agent resumed its partial file with a Range request"
+    assert (agent.models_dir / "big" / "model-00001-of-00002.safetensors").is_file()
+
+
 def test_serve_on_one_node_chat_stop_and_delete(henv: HubEnv):
     n = henv.node(1)
     henv.orch.models.download(REPO, "", [n])
