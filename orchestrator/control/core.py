@@ -294,10 +294,9 @@ class Orchestrator:
             busy = {s.name for s in self._state.sessions if s.name == session.name}
             if busy:
                 raise CommandRefused(f"a session named {session.name!r} is already live: stop it first")
-            transport = self._state.settings.transport_backend
-            fallback = "" if transport == "tcp" else f"{transport} is not available on these nodes: using tcp"
-            created = session.model_copy(update={"timeline": timeline(session), "created_at": time.time(),
-                                                 "transport_fallback": fallback})
+            # The plan decided the transport and why it may differ from the setting
+            # (session_from_plan); a single-node session has no boundary between nodes.
+            created = session.model_copy(update={"timeline": timeline(session), "created_at": time.time()})
             self._apply(ev.SessionCreated(session=created))
             self._cancels[created.id] = threading.Event()
             return created
@@ -387,11 +386,20 @@ class Orchestrator:
             self.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
 
     def _recover(self, s: Session) -> None:
-        """After a restart: re-adopt a session that is still healthy, clean up one that is not."""
-        _, problem, _ = self.watcher.inspect(s)
+        """After a restart: re-adopt a session that is still healthy, repair one with a known
+        culprit (as if the fault had been seen live), clean up the rest."""
+        _, problem, culprits = self.watcher.inspect(s)
         if s.phase == "recovering":  # the dashboard went away mid-recovery: carry on with it
             self._cancels.setdefault(s.id, threading.Event())
             self._recover_processes(s)
+            return
+        if s.phase == "running" and problem and culprits and self._state.settings.auto_restart:
+            # A fault while the dashboard was away (or a process still settling): replace the
+            # culprit, the others keep their processes — tearing down a whole cluster for it
+            # would turn one lost process into an outage.
+            self.log.warning("session.faulted_while_away", session=s.id, reason=problem)
+            self.post(ev.SessionFaulted(session_id=s.id, reason=f"seen after a dashboard restart: {problem}",
+                                        processes=culprits, at=time.time()))
             return
         if s.phase == "running" and not problem:
             try:

@@ -46,6 +46,10 @@ class LaunchFailed(RuntimeError):
 def timeline(session: Session) -> tuple[Step, ...]:
     """The launch steps of a session, all pending (pure)."""
     steps: list[Step] = []
+    if session.transport:
+        # decided by the plan before anything starts: what the stages bind on, and why a
+        # requested backend does not run (e.g. rdma → tcp)
+        steps.append(Step(key="transport", label=session.transport, state="done", detail=session.transport_fallback))
     for st in session.stages:
         steps.append(Step(key=f"stage-{st.index}.start", label=f"Stage {st.index} starting on {st.node_name} "
                                                                f"(layers {st.first_layer}–{st.last_layer})"))
@@ -192,6 +196,8 @@ class Launcher:
         problems = self.teardown()
         reached = False
         for st in timeline(self.s):
+            if st.key == "transport":
+                continue  # a decision, not something started
             if st.key == failed_key:
                 reached = True
                 continue

@@ -69,9 +69,11 @@ def session_from_plan(plan: Plan, state: State, session_id: str, model_id: str, 
                                   first_layer=s.first_layer, last_layer=s.last_layer,
                                   host=s.host or hosts[s.node_id], port=s.transport_port) for s in plan.stages)
     c = plan.coordinator
+    t = plan.transport
     return Session(id=session_id, name=session_name(model_id, len(stages)), model_id=model_id, model_name=model_id,
                    cluster=len(stages) > 1, stages=stages, coordinator_node=c.node_id,
-                   coordinator_host=c.host or hosts[c.node_id], coordinator_port=c.http_port, config_toml=toml)
+                   coordinator_host=c.host or hosts[c.node_id], coordinator_port=c.http_port, config_toml=toml,
+                   transport=t.summary if t else "", transport_fallback=t.reason if t else "")
 
 
 def single_session(state: State, session_id: str, model_id: str, node_id: str) -> Session:

@@ -161,7 +161,8 @@ class Session(_Frozen):
     samples: tuple[Sample, ...] = ()  # the last SAMPLES changed looks, oldest first (not persisted)
     registered: bool = False
     created_at: float = 0.0
-    transport_fallback: str = ""  # e.g. "rdma unavailable: using tcp"
+    transport_fallback: str = ""  # why the requested backend does not run, e.g. "rdma requested, running on tcp: …"
+    transport: str = ""  # the plan's transport in one line (planner/transport.py); the timeline's first step
     config_toml: str = ""  # the cluster TOML from the plan (no secret in it); built from stages if empty
     faults: tuple[Fault, ...] = ()  # the last FAULTS, oldest first
     recovery_attempt: int = 0  # attempts made for the current fault (0 when none is being recovered)

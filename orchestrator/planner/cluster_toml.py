@@ -26,14 +26,16 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
     """The ClusterConfig of a plan.
 
     `hosts` maps node id to the IP its peers reach it at, overriding the plan's NodeFacts.host;
-    every node needs one. Extra `cluster` keys (secret_file, prefill_step_size, max_batch, ...)
+    every node needs one. A plan whose transport binds elsewhere (thunderbolt: the nodes'
+    Thunderbolt-bridge addresses) uses those addresses before either. Extra `cluster` keys (secret_file, prefill_step_size, max_batch, ...)
     go into the [cluster] table. Raises ValueError (ConfigError or pydantic's ValidationError)
     when the result is not a valid cluster.
     """
     hosts = dict(hosts or {})
 
     def host_of(node_id: str, fallback: str | None) -> str:
-        host = hosts.get(node_id, fallback)
+        chosen = plan.transport.host_of(node_id) if plan.transport and plan.transport.used != "tcp" else None
+        host = chosen or hosts.get(node_id, fallback)
         if not host:
             raise ValueError(f"no address for node {node_id!r}: pass hosts={{{node_id!r}: 'IP'}}")
         return host

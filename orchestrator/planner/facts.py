@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.agent.schemas import Report
 
 from .perf_inputs import LayerTiming, LinkCost
+from .transport import InterfaceFact
 
 # Packages whose versions must agree across a cluster: the wire format is pipeserve's, and
 # exactness (identical float bits on every stage) needs the same mlx and mlx-lm kernels.
@@ -33,6 +34,8 @@ class NodeFacts(BaseModel):
     # model's layers, and its measured links keyed by the peer's node id.
     timing: LayerTiming | None = None
     links: dict[str, LinkCost] = Field(default_factory=dict)
+    # Its network interfaces (kind, RDMA, addresses): the transport backend picks from them.
+    interfaces: tuple[InterfaceFact, ...] = ()
 
     @property
     def label(self) -> str:
@@ -60,4 +63,6 @@ def node_facts_from_report(report: Report, *, node_id: str | None = None, host: 
         free_bytes=max(0, report.memory.free_bytes),
         free_ports=tuple(report.transport_ports.free),
         host=host,
+        interfaces=tuple(InterfaceFact(name=i.name, kind=i.kind, rdma=i.rdma, addresses=tuple(i.addresses), up=i.up,
+                                       speed_mbps=i.speed_mbps) for i in report.interfaces),
     )

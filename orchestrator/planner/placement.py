@@ -18,6 +18,7 @@ from .facts import NodeFacts
 from .memory import StageCosts
 from .perf_inputs import ASSUMED_LINK, LOCAL_LINK, LayerTiming, LinkCost
 from .predict import Performance, StageSpec, predict, single_node_stages, single_node_verdict
+from .transport import TransportPlan
 
 MAX_PERMUTED = 6  # nodes after the first; 720 orders at most
 
@@ -97,14 +98,28 @@ def timings_for(nodes: Sequence[NodeFacts]) -> tuple[list[LayerTiming] | None, s
     return out, note
 
 
+def on_transport(link: LinkCost, a: NodeFacts, b: NodeFacts, transport: TransportPlan | None) -> LinkCost:
+    """The link as the boundary a → b uses it: with a backend that binds elsewhere than the
+    registry's address (thunderbolt), the interfaces it runs on — and that the probe, which ran
+    over the registry's addresses, measured another path when it did."""
+    if transport is None or transport.used == "tcp" or a.id == b.id:
+        return link
+    ia, ib = transport.interface_of(a.id), transport.interface_of(b.id)
+    used = f"{ia.split(' ')[0]} → {ib.split(' ')[0]} ({transport.used})"
+    if link.measured and link.interface and link.interface.split(" ")[0] != ia.split(" ")[0]:
+        used += f"; measured over {link.interface.split(' ')[0]}"
+    return link.model_copy(update={"interface": used})
+
+
 def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hidden_bytes: int,
-                timings: Sequence[LayerTiming], note: str = "") -> Performance:
+                timings: Sequence[LayerTiming], note: str = "", transport: TransportPlan | None = None) -> Performance:
     """The prediction for `split` on `nodes` (stage k on nodes[k])."""
     stages = [StageSpec(label=f"stage {k} ({n.name}, layers {a}–{b})", node_name=n.name,
                         layer_weight=layer_weight(costs, a, b + 1), last=b + 1 == costs.num_layers,
                         timing=timings[k])
               for k, ((a, b), n) in enumerate(zip(split, nodes))]
-    links = [link_between(nodes[k], nodes[k + 1]) for k in range(len(nodes) - 1)] + [link_between(nodes[-1], nodes[0])]
+    pairs = [(nodes[k], nodes[k + 1]) for k in range(len(nodes) - 1)] + [(nodes[-1], nodes[0])]
+    links = [on_transport(link_between(a, b), a, b, transport) for a, b in pairs]
     s = costs.settings
     requests = sorted({4, 8, 16, s.max_concurrent_sequences})
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note)
@@ -128,19 +143,19 @@ def with_single_node_verdict(perf: Performance, costs: StageCosts, nodes: Sequen
 
 
 def plan_performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hidden_bytes: int,
-                     manual: bool) -> Performance | None:
+                     manual: bool, transport: TransportPlan | None = None) -> Performance | None:
     """The plan's prediction with its single-node verdict (and, for a manual split, the
     automatic split's numbers beside it); None when some node's compute is unknown."""
     timings, note = timings_for(nodes)
     if timings is None:
         return None
-    perf = with_single_node_verdict(performance(costs, nodes, split, hidden_bytes, timings, note), costs, nodes,
+    perf = with_single_node_verdict(performance(costs, nodes, split, hidden_bytes, timings, note, transport), costs, nodes,
                                     timings, hidden_bytes)
     if manual:
         free = [n.free_bytes for n in nodes]
         auto = timed_split(costs, free, timings, costs.settings.tight_fit_fraction) or timed_split(costs, free, timings)
         if auto is not None:
-            a = performance(costs, nodes, auto, hidden_bytes, timings)
+            a = performance(costs, nodes, auto, hidden_bytes, timings, transport=transport)
             n = max(p.x for p in a.aggregate_tps)
             ranges = " / ".join(f"{x}–{y}" for x, y in auto)
             perf = perf.model_copy(update={"automatic": f"automatic split {ranges}: {a.decode_tps_1:.1f} tok/s for "

@@ -22,6 +22,7 @@ from .plan_warnings import plan_warnings
 from .ports import PortAllocation, allocate_ports
 from .result import CoordinatorPlan, Issue, Plan, RefusalCode, Refusal, StagePlan
 from .settings import PlanSettings
+from .transport import plan_transport
 
 
 def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], settings: PlanSettings | None = None,
@@ -42,6 +43,8 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
     unique = len({n.id for n in nodes}) == len(nodes)
     ports, port_issues = allocate_ports(nodes, settings) if unique else (None, [])
     reasons += port_issues
+    transport, unreachable = plan_transport(nodes, settings.transport_backend)
+    reasons += [Issue(code=RefusalCode.NO_THUNDERBOLT, node_id=nid, message=msg) for nid, msg in unreachable]
     if model is None or not model.supported or len(nodes) < 2 or not unique or model.num_layers < len(nodes):
         return Refusal(model=name, reasons=tuple(reasons))
 
@@ -81,7 +84,8 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
         warnings=tuple(plan_warnings(name, nodes, stages, costs, settings)),
         settings=settings,
         performance=plan_performance(costs, nodes, split, model.hidden_size * model.dtype_bytes,
-                                     settings.manual_split is not None),
+                                     settings.manual_split is not None, transport),
+        transport=transport,
     )
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .predict import Performance
 from .settings import PlanSettings
+from .transport import TransportPlan
 
 
 class RefusalCode(StrEnum):
@@ -25,6 +26,7 @@ class RefusalCode(StrEnum):
     MODEL_TOO_LARGE = "model_too_large"  # not even the sum of all free memory suffices
     STAGE_DOES_NOT_FIT = "stage_does_not_fit"  # enough in total, but no split fits every node
     NOT_ENOUGH_PORTS = "not_enough_ports"
+    NO_THUNDERBOLT = "no_thunderbolt_interface"  # transport thunderbolt, a node without such an interface
 
 
 class WarningCode(StrEnum):
@@ -117,6 +119,9 @@ class Plan(BaseModel):
     settings: PlanSettings
     # Predicted speed (planner/predict.py) when the nodes have timed the model's layers.
     performance: Performance | None = None
+    # Where the stages bind and connect (planner/transport.py): the backend asked for and the
+    # one that runs, with the reason when they differ.
+    transport: TransportPlan | None = None
 
     @property
     def split(self) -> tuple[tuple[int, int], ...]:

@@ -84,7 +84,8 @@ def test_refusal(case: Case) -> None:
 
 def test_refusal_codes_are_all_covered() -> None:
     covered = {code for c in CASES for code in c.codes} | {RefusalCode.INVALID_SPLIT,  # see test_manual_split
-                                                           RefusalCode.UNSUPPORTED_MODEL}  # and below
+                                                           RefusalCode.UNSUPPORTED_MODEL,  # and below
+                                                           RefusalCode.NO_THUNDERBOLT}  # see test_transport
     assert covered == set(RefusalCode)
 
 

@@ -59,4 +59,15 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
                      "issues": [i.get("message", "") for i in issues],
                      # measured links between the selected nodes and the prediction (views/perf.py)
                      "links": link_matrix(state, list(plan.get("node_ids") or [s["node_id"] for s in raw])),
-                     "performance": performance_view(plan.get("performance"))}}
+                     "performance": performance_view(plan.get("performance")),
+                     "transport": transport_view(plan.get("transport"))}}
+
+
+def transport_view(t: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The plan's transport (planner/transport.py): what runs, where each node binds, and why
+    a requested backend does not run."""
+    if not t:
+        return None
+    return {"used": t.get("used"), "requested": t.get("requested"), "reason": t.get("reason") or "",
+            "nodes": [f"{n['node_name']} {n['host']}" + (f" on {n['interface']}" if n.get("interface") else "")
+                      for n in t.get("nodes", []) if n.get("host")]}
