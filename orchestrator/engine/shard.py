@@ -257,6 +257,6 @@ def _role(module: nn.Module) -> str | None:
         return "head"
     if "norm" in type(module).__name__.lower():
         return "norm"
-    if any(isinstance(v, mx.array) for v in module.values()):
+    if any(isinstance(v, mx.array) for k, v in module.items() if not k.startswith("_")):
         return "other"
     return None

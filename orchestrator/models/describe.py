@@ -45,8 +45,12 @@ CONFIG_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16
 # these prefixes so a vision tower's own "layers" never counts as the language model's.
 _ROOT = r"^(?:language_model\.)?(?:model\.|backbone\.)?"
 _LAYER = re.compile(_ROOT + r"layers\.(\d+)\.")
-_EMBEDDING = re.compile(_ROOT + r"(?:embed_tokens|embeddings)\.")
-_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm)\.")
+# Embedding names: embed_tokens (most), embeddings (Nemotron-H), word_embeddings (Ling /
+# bailing_moe), tok_embeddings (InternLM2).
+_EMBEDDING = re.compile(_ROOT + r"(?:embed_tokens|embeddings|word_embeddings|tok_embeddings)\.")
+# Final norms: norm, norm_f (Nemotron-H), final_layernorm (Jamba, Falcon-H1), and LFM2's
+# embedding_norm, which despite its name runs after the last layer.
+_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm|embedding_norm)\.")
 _HEAD = re.compile(_ROOT + r"(?:lm_head|output)\.")
 
 
@@ -235,15 +239,20 @@ def _activation_dtype(entries: dict[str, dict[str, Any]], cfg: dict[str, Any], p
     """The dtype activations (and the KV cache) run in.
 
     The engine takes it from the first layer's input norm (quantized models keep norms and
-    quantization scales in the activation dtype), so this does too; then any float tensor;
-    then config.json's torch_dtype.
+    quantization scales in the activation dtype), so this does too; families that name that
+    norm otherwise get the float dtype holding the most bytes (a few vectors, such as router
+    biases or SSM decays, may stay float32 in a bfloat16 model, never most of it); then
+    config.json's torch_dtype.
     """
     norm = entries.get("model.layers.0.input_layernorm.weight")
     if norm is not None and norm["dtype"] in ACTIVATION_DTYPES:
         return ACTIVATION_DTYPES[norm["dtype"]]
-    for name in sorted(entries):
-        if entries[name]["dtype"] in ACTIVATION_DTYPES:
-            return ACTIVATION_DTYPES[entries[name]["dtype"]]
+    by_dtype: dict[str, int] = {}
+    for entry in entries.values():
+        if entry["dtype"] in ACTIVATION_DTYPES:
+            by_dtype[entry["dtype"]] = by_dtype.get(entry["dtype"], 0) + entry["nbytes"]
+    if by_dtype:
+        return ACTIVATION_DTYPES[max(sorted(by_dtype), key=by_dtype.__getitem__)]
     declared = cfg.get("torch_dtype") or cfg.get("dtype")
     if isinstance(declared, str) and declared in CONFIG_DTYPES:
         return CONFIG_DTYPES[declared]
@@ -306,7 +315,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     if missing:
         raise ModelDescriptionError(f"{model_dir}: no tensors for layer(s) {_ranges(missing)} of {num_layers}")
     if embedding == 0:
-        raise ModelDescriptionError(f"{model_dir}: no model.embed_tokens tensors")
+        raise ModelDescriptionError(f"{model_dir}: no model.embed_tokens tensors (nor another family's embedding name)")
     # Tied when config.json says so (mlx-lm then drops a stray lm_head) or when there is no
     # head at all: families whose ModelArgs tie by default (Gemma) publish none, and
     # families that default to untied (GPT-OSS, GLM-4) publish one without saying.

@@ -1,143 +1,232 @@
 """What each layer of a model keeps per request, derived from config.json alone (pure).
 
-A layer's cache is one of four kinds, mirroring the family's own mlx-lm `make_cache()`:
-
-- `attention`: keys and values for every token (mlx-lm's KVCache, grown in 256-token steps);
-- `sliding`: keys and values for at most `window` tokens (RotatingKVCache: sliding-window
-  layers of Mistral, Gemma 3, GPT-OSS);
-- `state`: a constant recurrent state per request, whatever the context (ArraysCache:
-  Qwen3-Next / Qwen3.5 gated-delta linear attention, Nemotron-H Mamba2, Jamba Mamba);
-- `none`: nothing (Nemotron-H MLP-only and MoE-only layers).
-
-`token_bytes` is what one token costs in an `attention` / `sliding` layer; `state_bytes`
-what a `state` layer holds. Both follow the tensors mlx-lm stores: DeepSeek-V3's
-multi-head latent attention keeps the compressed latent plus the RoPE key (one "head"),
-DeepSeek-V2's mlx-lm code keeps full per-head keys and values. The rules are checked
-against the caches mlx-lm really builds (tests/planner/test_memory_families.py).
+Each family's rule mirrors its mlx-lm `make_cache()` (which layer gets a KVCache, a
+RotatingKVCache, an ArraysCache or a CacheList) and its attention module (how many key /
+value heads of what width it stores). The kinds and their byte formulas live in
+kv_layers.py. The rules are checked against the caches mlx-lm really builds
+(tests/planner/test_memory_families.py, tests/models/test_kv.py).
 
 Imports neither mlx nor the planner, so describe.py can call it for the agent's report.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict
+from collections.abc import Callable
+from typing import Any
 
 from orchestrator.engine.support import family_of
 
-CacheKind = Literal["attention", "sliding", "state", "none"]
-# Recurrent states that mlx-lm keeps in float32 whatever the model's dtype: the gated-delta
-# kernel starts its state as float32 zeros, Mamba2's ssm_update runs dt (and so the state) in float32.
-FLOAT32 = 4
+from .kv_layers import (
+    FLOAT32,
+    NONE,
+    CacheKind,
+    LayerCache,
+    attention,
+    gated_delta_state,
+    get,
+    kimi_delta_state,
+    kv_bytes,
+    latent,
+    mamba2_state,
+    mamba_state,
+    short_conv_state,
+    sliding,
+)
+
+__all__ = ["FLOAT32", "CacheKind", "LayerCache", "layer_caches"]
+
+Layers = tuple[LayerCache, ...]
+
+# Families whose mlx-lm attention takes head_dim = hidden_size / heads and ignores any
+# head_dim in config.json.
+HIDDEN_OVER_HEADS = frozenset({
+    "apertus", "bailing_moe", "granitemoe", "granitemoehybrid", "internlm2", "internlm3", "jamba", "lfm2",
+    "lfm2_moe", "minicpm", "mixtral", "phi3", "phimoe", "qwen2", "qwen2_moe", "starcoder2",
+})
 
 
-class LayerCache(BaseModel):
-    """The cache one layer keeps per request."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: CacheKind
-    token_bytes: int = 0  # keys + values of one token (attention, sliding)
-    window: int | None = None  # tokens a sliding layer keeps at most
-    state_bytes: int = 0  # a state layer's constant size
-
-    def bytes_for(self, tokens: int) -> int:
-        """Bytes this layer holds for one request whose cache has room for `tokens` tokens
-        (already rounded to mlx-lm's allocation step by the caller)."""
-        if self.kind == "attention":
-            return self.token_bytes * tokens
-        if self.kind == "sliding":
-            # RotatingKVCache grows in steps too but never past its window.
-            return self.token_bytes * min(tokens, self.window or tokens)
-        return self.state_bytes
+def _by_types(types: list[str], n: int, kinds: dict[str, LayerCache], default: LayerCache) -> Layers:
+    """One cache per layer from a per-layer type list (layer_types and the like)."""
+    return tuple(kinds.get(types[i], default) if i < len(types) else default for i in range(n))
 
 
-def _get(cfg: dict[str, Any], key: str, default: Any) -> Any:
-    value = cfg.get(key)
-    return default if value is None else value
+def _llama(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # mlx-lm runs mistral with llama.py: layer_types may interleave sliding windows.
+    attn, window = attention(cfg, dt), cfg.get("sliding_window")
+    types = cfg.get("layer_types") or ["full_attention"] * n
+    return _by_types(types, n, {"sliding_attention": sliding(attn, window)} if window else {}, attn)
 
 
-def _attention(cfg: dict[str, Any], dtype_bytes: int) -> LayerCache:
-    """Standard (grouped-query) attention: keys and values of kv_heads x head_dim each."""
-    heads = int(_get(cfg, "num_attention_heads", 1))
-    kv_heads = int(_get(cfg, "num_key_value_heads", heads))
-    head_dim = int(_get(cfg, "head_dim", int(cfg.get("hidden_size", heads)) // heads))
-    return LayerCache(kind="attention", token_bytes=2 * kv_heads * head_dim * dtype_bytes)
+def _gemma3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    attn = attention(cfg, dt)
+    period, window = int(get(cfg, "sliding_window_pattern", 6)), int(get(cfg, "sliding_window", 512))
+    return tuple(attn if i % period == period - 1 else sliding(attn, window) for i in range(n))
 
 
-def _sliding(attention: LayerCache, window: int) -> LayerCache:
-    return LayerCache(kind="sliding", token_bytes=attention.token_bytes, window=int(window))
+def _cohere2(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Every sliding_window_pattern-th layer global (and without RoPE), the rest windowed.
+    attn = attention(cfg, dt)
+    period, window = int(get(cfg, "sliding_window_pattern", 4)), int(get(cfg, "sliding_window", 4096))
+    return tuple(attn if i % period == period - 1 else sliding(attn, window) for i in range(n))
 
 
-def _gated_delta_state(cfg: dict[str, Any], dtype_bytes: int) -> LayerCache:
-    """Qwen3-Next / Qwen3.5 linear attention: a conv window over q, k and v (model dtype) and
-    a value x key recurrent state per value head (float32)."""
-    hk, dk = int(cfg["linear_num_key_heads"]), int(cfg["linear_key_head_dim"])
-    hv, dv = int(cfg["linear_num_value_heads"]), int(cfg["linear_value_head_dim"])
-    kernel = int(_get(cfg, "linear_conv_kernel_dim", 4))
-    conv = (kernel - 1) * (2 * hk * dk + hv * dv) * dtype_bytes
-    return LayerCache(kind="state", state_bytes=conv + hv * dv * dk * FLOAT32)
+def _exaone4(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # A string pattern such as "LLLG" repeated over the layers: L local (windowed), G global;
+    # without one every layer is global.
+    attn, pattern = attention(cfg, dt), cfg.get("sliding_window_pattern")
+    window = cfg.get("sliding_window")
+    if not isinstance(pattern, str) or not pattern or not window:
+        return (attn,) * n
+    return tuple(sliding(attn, window) if pattern[i % len(pattern)] == "L" else attn for i in range(n))
 
 
-def _mamba2_state(cfg: dict[str, Any], dtype_bytes: int) -> LayerCache:
-    """Nemotron-H Mamba2: conv window over x, B and C (model dtype), SSM state (float32)."""
-    heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
-    state, groups = int(cfg["ssm_state_size"]), int(_get(cfg, "n_groups", 1))
-    kernel = int(_get(cfg, "conv_kernel", 4))
-    conv = (kernel - 1) * (heads * head_dim + 2 * groups * state) * dtype_bytes
-    return LayerCache(kind="state", state_bytes=conv + heads * head_dim * state * FLOAT32)
+def _olmo3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # mlx-lm's default when layer_types is missing: every 4th layer global.
+    attn = attention(cfg, dt)
+    types = cfg.get("layer_types") or ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(n)]
+    return tuple(attn if types[i] == "full_attention" else sliding(attn, int(cfg["sliding_window"])) for i in range(n))
 
 
-def _mamba_state(cfg: dict[str, Any], dtype_bytes: int) -> LayerCache:
-    """Jamba's Mamba: conv window and SSM state over the expanded width, both in model dtype."""
-    inner = int(_get(cfg, "mamba_expand", 2)) * int(cfg["hidden_size"])
-    conv = (int(_get(cfg, "mamba_d_conv", 4)) - 1) * inner
-    return LayerCache(kind="state", state_bytes=(conv + inner * int(_get(cfg, "mamba_d_state", 16))) * dtype_bytes)
+def _gpt_oss(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    attn = attention(cfg, dt)
+    types = cfg.get("layer_types") or ["sliding_attention", "full_attention"] * (n // 2)
+    window = int(get(cfg, "sliding_window", 128))
+    return tuple(attn if types[i] == "full_attention" else sliding(attn, window) for i in range(n))
 
 
-def layer_caches(cfg: dict[str, Any], num_layers: int, dtype_bytes: int) -> tuple[LayerCache, ...]:
+def _mimo_v2(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Sliding layers have their own head counts and widths (swa_*); keys and values may
+    # differ in width (v_head_dim).
+    full = LayerCache(kind="attention", token_bytes=kv_bytes(
+        int(cfg["num_key_value_heads"]), int(cfg["head_dim"]), int(cfg["v_head_dim"]), dt))
+    local = LayerCache(kind="sliding", window=int(cfg["sliding_window_size"]), token_bytes=kv_bytes(
+        int(cfg["swa_num_key_value_heads"]), int(cfg["swa_head_dim"]), int(cfg["swa_v_head_dim"]), dt))
+    pattern = cfg["hybrid_layer_pattern"]
+    return tuple(local if pattern[i] == 1 else full for i in range(n))
+
+
+def _step3p5(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Key / value heads are num_attention_groups (not num_key_value_heads); sliding layers
+    # take theirs from attention_other_setting. Without layer_types even layers slide.
+    dim, other = int(cfg["head_dim"]), cfg.get("attention_other_setting")
+    full = LayerCache(kind="attention", token_bytes=kv_bytes(int(cfg["num_attention_groups"]), dim, dim, dt))
+    groups = int(other["num_attention_groups"]) if other else int(cfg["num_attention_groups"])
+    local = LayerCache(kind="sliding", window=int(get(cfg, "sliding_window", 512)),
+                       token_bytes=kv_bytes(groups, dim, dim, dt))
+    types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    return tuple(local if types[i] == "sliding_attention" else full for i in range(n))
+
+
+def _qwen3_next(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    interval, linear = int(get(cfg, "full_attention_interval", 4)), gated_delta_state(cfg, dt)
+    attn = attention(cfg, dt)
+    return tuple(linear if (i + 1) % interval else attn for i in range(n))
+
+
+def _nemotron_h(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    mamba = LayerCache(kind="state", state_bytes=mamba2_state(
+        int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"]), int(cfg["ssm_state_size"]),
+        int(get(cfg, "n_groups", 1)), int(get(cfg, "conv_kernel", 4)), dt))
+    kinds = {"M": mamba, "*": attention(cfg, dt)}
+    return _by_types(list(cfg["hybrid_override_pattern"]), n, kinds, NONE)
+
+
+def _granite_mamba2(cfg: dict[str, Any], dt: int) -> int:
+    """Granite 4.0-H / Falcon-H1's Mamba2 keys."""
+    return mamba2_state(int(cfg["mamba_n_heads"]), int(cfg["mamba_d_head"]), int(cfg["mamba_d_state"]),
+                        int(get(cfg, "mamba_n_groups", 1)), int(get(cfg, "mamba_d_conv", 4)), dt)
+
+
+def _granitemoehybrid(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    kinds = {"mamba": LayerCache(kind="state", state_bytes=_granite_mamba2(cfg, dt)),
+             "attention": attention(cfg, dt, use_head_dim=False)}
+    return _by_types(cfg["layer_types"], n, kinds, NONE)
+
+
+def _falcon_h1(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Every layer runs attention and Mamba2 side by side: CacheList(ArraysCache, KVCache).
+    # mlx-lm's defaults stand in for missing keys; the Mamba2 x is mamba_d_ssm wide.
+    heads = int(get(cfg, "num_attention_heads", 8))
+    kv = kv_bytes(int(get(cfg, "num_key_value_heads", heads)), int(get(cfg, "head_dim", 64)),
+                  int(get(cfg, "head_dim", 64)), dt)
+    state = mamba2_state(int(get(cfg, "mamba_n_heads", 24)), int(get(cfg, "mamba_d_head", 64)),
+                         int(get(cfg, "mamba_d_state", 128)), int(get(cfg, "mamba_n_groups", 1)),
+                         int(get(cfg, "mamba_d_conv", 4)), dt, inner=int(get(cfg, "mamba_d_ssm", 1536)))
+    return (LayerCache(kind="attention", token_bytes=kv, state_bytes=state),) * n
+
+
+def _jamba(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    period, offset = int(get(cfg, "attn_layer_period", 8)), int(get(cfg, "attn_layer_offset", 4))
+    attn, mamba = attention(cfg, dt, use_head_dim=False), mamba_state(cfg, dt)
+    return tuple(attn if i % period == offset else mamba for i in range(n))
+
+
+def _lfm2(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Attention at full_attn_idxs (else where layer_types says full_attention); every other
+    # layer a gated short convolution with a constant state.
+    full = cfg.get("full_attn_idxs")
+    if full is None:
+        full = [i for i, t in enumerate(cfg.get("layer_types") or []) if t == "full_attention"]
+    attn, conv = attention(cfg, dt, use_head_dim=False), short_conv_state(cfg, dt)
+    return tuple(attn if i in full else conv for i in range(n))
+
+
+def _kimi_linear(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # linear_attn_config numbers layers from 1: kda_layers are Kimi delta attention (constant
+    # state), the others MLA, cached as latent + RoPE key (the RoPE part may be absent).
+    linear = cfg["linear_attn_config"]
+    kda, mla = kimi_delta_state(linear, dt), LayerCache(kind="attention", token_bytes=latent(cfg, dt))
+    return tuple(kda if i + 1 in linear["kda_layers"] else mla for i in range(n))
+
+
+def _mla(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # DeepSeek-V3 (Kimi-K2, JoyAI), GLM-4.7-Flash: latent + shared RoPE key.
+    return (LayerCache(kind="attention", token_bytes=latent(cfg, dt)),) * n
+
+
+def _deepseek_v32(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # CacheList(latent KVCache, indexer KVCache): the lightning indexer stores its one key
+    # head (index_head_dim) as both keys and values of its own cache.
+    index = 2 * int(get(cfg, "index_head_dim", 128)) * dt
+    return (LayerCache(kind="attention", token_bytes=latent(cfg, dt) + index),) * n
+
+
+def _longcat_flash(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Two MLA blocks per layer, CacheList(KVCache, KVCache): two latents per token.
+    return (LayerCache(kind="attention", token_bytes=2 * latent(cfg, dt)),) * n
+
+
+def _deepseek_v2(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # mlx-lm's deepseek_v2 decompresses before caching: every head's key (nope + rope parts)
+    # and value.
+    heads = int(cfg["num_attention_heads"])
+    key = int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"])
+    return (LayerCache(kind="attention", token_bytes=kv_bytes(heads, key, int(cfg["v_head_dim"]), dt)),) * n
+
+
+Rule = Callable[[dict[str, Any], int, int], Layers]
+RULES: dict[str, Rule] = {
+    "llama": _llama, "mistral": _llama,
+    "gemma3_text": _gemma3, "cohere2": _cohere2, "exaone4": _exaone4, "olmo3": _olmo3, "gpt_oss": _gpt_oss,
+    "mimo_v2_flash": _mimo_v2, "step3p5": _step3p5,
+    "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_next, "qwen3_5_moe": _qwen3_next,
+    "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "jamba": _jamba,
+    "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear,
+    "deepseek_v3": _mla, "glm4_moe_lite": _mla, "deepseek_v32": _deepseek_v32, "longcat_flash": _longcat_flash,
+    "deepseek_v2": _deepseek_v2,
+}
+
+
+def layer_caches(cfg: dict[str, Any], num_layers: int, dtype_bytes: int) -> Layers:
     """The cache of every layer of a model, from its (text) config.json as mlx-lm reads it.
 
-    Families not named here use standard attention in every layer (Llama, Qwen2/3, Mixtral,
-    GLM-4, Phi-3, OLMo 2, Llama 4 text, and Gemma 2, whose mlx-lm code ignores its
-    configured sliding window).
+    Families without a rule in RULES use standard attention in every layer (Qwen2/3,
+    Mixtral, GLM-4, Phi-3, OLMo 2, Llama 4 text, Gemma 1, StarCoder2, InternLM2/3, the
+    plain MoE families, and Gemma 2, whose mlx-lm code ignores its configured sliding
+    window), with head_dim as the family's module computes it.
     """
-    family = family_of(cfg)
-    attn = _attention(cfg, dtype_bytes)
-    layers = range(num_layers)
-    if family in ("llama", "mistral"):  # mlx-lm runs mistral with llama.py
-        types = cfg.get("layer_types") or ["full_attention"] * num_layers
-        window = cfg.get("sliding_window")
-        return tuple(_sliding(attn, window) if types[i] == "sliding_attention" and window else attn for i in layers)
-    if family == "gemma3_text":
-        period, window = int(_get(cfg, "sliding_window_pattern", 6)), int(_get(cfg, "sliding_window", 512))
-        return tuple(attn if i % period == period - 1 else _sliding(attn, window) for i in layers)
-    if family == "gpt_oss":
-        types = cfg.get("layer_types") or ["sliding_attention", "full_attention"] * (num_layers // 2)
-        window = int(_get(cfg, "sliding_window", 128))
-        return tuple(attn if types[i] == "full_attention" else _sliding(attn, window) for i in layers)
-    if family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
-        interval = int(_get(cfg, "full_attention_interval", 4))
-        linear = _gated_delta_state(cfg, dtype_bytes)
-        return tuple(linear if (i + 1) % interval else attn for i in layers)
-    if family == "nemotron_h":
-        pattern = cfg["hybrid_override_pattern"]
-        kinds = {"M": _mamba2_state(cfg, dtype_bytes), "*": attn}
-        return tuple(kinds.get(pattern[i], LayerCache(kind="none")) for i in layers)
-    if family == "jamba":
-        period, offset = int(_get(cfg, "attn_layer_period", 8)), int(_get(cfg, "attn_layer_offset", 4))
-        mamba = _mamba_state(cfg, dtype_bytes)
-        return tuple(attn if i % period == offset else mamba for i in layers)
-    if family == "deepseek_v3":
-        # Multi-head latent attention as mlx-lm caches it: the normalised latent and the
-        # shared RoPE key, one "head" each, instead of per-head keys and values.
-        width = int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
-        return (LayerCache(kind="attention", token_bytes=width * dtype_bytes),) * num_layers
-    if family == "deepseek_v2":
-        # mlx-lm's deepseek_v2 decompresses before caching: every head's key (nope + rope
-        # parts) and value.
-        heads = int(cfg["num_attention_heads"])
-        width = heads * (int(cfg["qk_nope_head_dim"]) + int(cfg["qk_rope_head_dim"]) + int(cfg["v_head_dim"]))
-        return (LayerCache(kind="attention", token_bytes=width * dtype_bytes),) * num_layers
-    return (attn,) * num_layers
+    family = family_of(cfg) or ""
+    rule = RULES.get(family)
+    if rule is not None:
+        return rule(cfg, num_layers, dtype_bytes)
+    return (attention(cfg, dtype_bytes, use_head_dim=family not in HIDDEN_OVER_HEADS),) * num_layers
