@@ -2,7 +2,7 @@
 
 Ordered launch → Healthy → chat through the router → Stop; a dying stage is torn down and
 deregistered within 5 s when automatic restarts are off (measured, asserted with a margin for a
-loaded machine); a dashboard restart re-adopts or cleans up.
+loaded machine); a dashboard restart re-adopts, repairs or cleans up.
 """
 
 from __future__ import annotations
@@ -97,7 +97,27 @@ def test_restart_re_adopts_a_healthy_session_without_registering_twice(env: Env)
     assert isinstance(ask(env), str)
 
 
-def test_restart_cleans_up_a_session_that_broke_while_it_was_down(env: Env):
+def test_restart_repairs_a_session_that_broke_while_it_was_down(env: Env):
+    """A stage lost while the dashboard was away is replaced when it comes back (the others
+    keep their processes), as if the fault had been seen live."""
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    before = {p.node_id: p.pid for a in env.agents for p in a.client.processes() if p.alive}
+    env.orch.stop()
+    env.agents[1].client.stop_process(s.id, "stage-1", 5)
+    orch2 = env.make_orchestrator()
+    st = orch2.wait(lambda st: (x := st.session(s.id)) is not None and x.faults
+                    and x.faults[-1].outcome == "recovered", 60)
+    x = st.session(s.id)
+    assert x.health == "Healthy" and "dashboard restart" in x.faults[-1].reason, x.faults[-1]
+    after = {p.node_id: p.pid for a in env.agents for p in a.client.processes() if p.alive}
+    assert after["stage-0"] == before["stage-0"] and after["coordinator"] == before["coordinator"]
+    assert env.backends() == ["tiny-cluster"]
+    wait_router_lists(env, True, timeout=30)
+    assert isinstance(ask(env), str)
+
+
+def test_restart_cleans_up_a_broken_session_when_restarts_are_off(env: Env):
+    env.orch.update_settings(env.orch.state.settings.model_copy(update={"auto_restart": False}))
     s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
     env.orch.stop()
     env.agents[1].client.stop_process(s.id, "stage-1", 5)
