@@ -24,6 +24,7 @@ PROTECTED = [
     ("POST", "/v1/downloads/tm/cancel"), ("GET", "/v1/processes"), ("POST", "/v1/processes"),
     ("GET", "/v1/processes/c1/stage-0"), ("POST", "/v1/processes/c1/stage-0/stop"),
     ("GET", "/v1/processes/c1/stage-0/logs"), ("POST", "/v1/leases/c1"),
+    ("DELETE", "/v1/models/tm"), ("GET", "/v1/hub/models/org/tiny"),
 ]
 
 
