@@ -327,6 +327,9 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         raise ModelDescriptionError(f"{model_dir}: config.json says the embeddings are untied but there is no lm_head")
 
     dtype = _activation_dtype(entries, cfg, cfg_path)
+    # An unsupported family is refused before its caches matter; its config may lack the
+    # keys the rules read.
+    caches = _layer_caches(cfg, num_layers, DTYPE_BYTES[dtype], cfg_path) if verdict is None else ()
     archs = cfg.get("architectures")
     return ModelDescription(
         name=model_dir.resolve().name,
@@ -350,10 +353,18 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         head_bytes=head,
         other_bytes=other,
         weight_files=tuple(files),
-        # An unsupported family is refused before its caches matter; its config may lack
-        # the keys the rules read.
-        layer_caches=layer_caches(cfg, num_layers, DTYPE_BYTES[dtype]) if verdict is None else (),
+        layer_caches=caches,
     )
+
+
+def _layer_caches(cfg: dict[str, Any], num_layers: int, dtype_bytes: int, path: Path) -> tuple[LayerCache, ...]:
+    """kv.layer_caches, with a config that lacks (or garbles) a key its family's rule needs
+    reported as this module's error rather than a KeyError from deep inside."""
+    try:
+        return layer_caches(cfg, num_layers, dtype_bytes)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ModelDescriptionError(f"{path}: cannot tell what each layer caches ({detail})") from None
 
 
 def _ranges(indices: list[int]) -> str:

@@ -212,6 +212,8 @@ BAD = [
     ("layer without tensors", _config(num_hidden_layers=3), "no tensors for layer(s) 1-2 of 3"),
     ("no embedding", _tensors(LAYER), "no model.embed_tokens"),
     ("untied without head", _config(tie_word_embeddings=False), "no lm_head"),
+    ("cache rule's key missing", _config(model_type="olmo3"),
+     "cannot tell what each layer caches (missing 'sliding_window')"),
 ]
 
 
@@ -230,8 +232,12 @@ def test_not_a_directory(tmp_path: Path) -> None:
 # family -> whether its test model has its own head: nemotron_h (backbone.*, lm_head),
 # qwen3_5_moe (language_model.*), llama4_text (output.*) and gpt_oss (no tie key in its
 # config) do; jamba ties in config.json, gemma3_text publishes no head and no tie key.
+# Embeddings and final norms by other names: bailing_moe (word_embeddings), internlm2
+# (tok_embeddings, output), lfm2 (embedding_norm after the last layer), falcon_h1
+# (final_layernorm), longcat_flash (num_layers instead of num_hidden_layers).
 OWN_HEAD = {"nemotron_h": True, "jamba": False, "qwen3_5_moe": True, "gpt_oss": True, "gemma3_text": False,
-            "llama4_text": True}
+            "llama4_text": True, "bailing_moe": True, "internlm2": True, "lfm2": False, "falcon_h1": True,
+            "longcat_flash": True}
 
 
 @pytest.mark.parametrize("family", sorted(OWN_HEAD))
