@@ -67,8 +67,10 @@ def _download_row(d: ModelDownload, names: dict[str, str]) -> dict[str, Any]:
                       "label": STATUS_LABELS[n.status], "source": n.source, "detail": n.detail,
                       "percent": percent(n.done_bytes, n.total_bytes or d.total_bytes),
                       "bytes": f"{size(n.done_bytes)} / {size(n.total_bytes or d.total_bytes)}",
-                      "rate": rate(n.rate_bps) if n.status in ("downloading", "copying") else "",
-                      "eta": duration(n.eta_s) if n.status in ("downloading", "copying") else "",
+                      # rate and time left once measured (a job's first second has neither)
+                      "rate": rate(n.rate_bps) if n.status in ("downloading", "copying") and n.rate_bps else "",
+                      "eta": duration(n.eta_s) if n.status in ("downloading", "copying") and n.eta_s is not None
+                      else "",
                       "active": n.status in ("downloading", "copying")})
     return {"model": d.model_id, "repo": d.hub.label, "commit": d.commit[:12], "size": size(d.total_bytes),
             "files": d.files, "phase": d.phase, "phase_label": PHASE_LABELS[d.phase], "error": d.error,
