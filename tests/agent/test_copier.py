@@ -191,3 +191,20 @@ def test_a_peer_that_keeps_sending_damaged_bytes_fails_the_copy_as_a_mismatch(pe
     finally:
         bad.shutdown()
         bad.server_close()
+
+
+def test_real_agents_copy_from_two_peers_at_once(spawn_agent, transfer_model):
+    """b takes the model from a and c together (whole files here: both shards are under the
+    split size); a mismatching copy on c would fail the job, so the bytes are what a holds."""
+    from .conftest import copy_model
+
+    a, b, c = spawn_agent("a"), spawn_agent("b"), spawn_agent("c")
+    for holder in (a, c):
+        copy_model(transfer_model, holder.models_dir, MODEL)
+    manifest = a.client.model(MODEL).manifest
+    started = b.client.fetch_from_peers(MODEL, [a.client, c.client], manifest)
+    assert started.source.startswith("peer:")
+    done = b.client.wait_download(MODEL, timeout=60)
+    assert done.state == "done" and done.transferred_bytes == manifest.total_bytes, done
+    assert sha256sums(b.models_dir / MODEL) == sha256sums(transfer_model)
+    assert not (b.models_dir / ".partial" / MODEL).exists()
