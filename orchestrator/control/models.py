@@ -277,6 +277,8 @@ class ModelManager:
             phase, error = "cancelled", "cancelled"
         except (_Failed, AgentError) as exc:
             phase, error = "failed", str(exc.message if isinstance(exc, AgentError) else exc)
+        except Exception as exc:  # noqa: BLE001 (a node removed meanwhile, a bug: fail visibly, never hang)
+            phase, error = "failed", f"{type(exc).__name__}: {exc}"
         for n, e in list(entries.items()):
             if e.status not in ("verified", "failed") and phase != "done":
                 settle(n, "cancelled" if phase == "cancelled" else "failed",
