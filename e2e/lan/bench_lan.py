@@ -5,7 +5,9 @@ stage 0 and the coordinator on node-a, stage 1 on node-b (each in its own namesp
 the client in the control namespace measures: decode tok/s at 1 request, aggregate at 4, 8
 and 16, and time to first token of a 1k-token prompt (8k with --long). Beside each number,
 the planner's prediction (planner/predict.py) from the layers timed on this machine
-(engine/profile.py) and the link measured between the two namespaces. Prints a Markdown table
+(engine/profile.py) just before that profile's measurements (on a shared machine the load
+drifts: a timing taken minutes earlier predicts another machine) and the link measured
+between the two namespaces. Prints a Markdown table
 and the target ratios. Needs root.
 """
 
@@ -141,7 +143,13 @@ def concurrent(host: str, n: int, tokens: int) -> float:
     return sum(out)
 
 
-def run_profile(name: str, model: Path, t: LayerTiming, long: bool, root: Path) -> dict:
+def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
+    load = os.getloadavg()[0]
+    t = timing(model)
+    print(f"{name}: load {load:.1f}; layers timed: {t.layer_ms_b1_solo:.2f} ms/layer alone, {t.layer_ms_b1:.2f} "
+          f"with 1 thread, {t.layer_ms_bB:.2f} for {t.batch} rows, head {t.head_ms_b1_solo:.1f} ms, prefill "
+          f"{t.prefill_ms_per_token:.3f} ms/token/layer + {t.prefill_ms_per_token_per_k:.3f} per 1k cached",
+          flush=True)
     with Lan(PROFILES[name], 2) as lan:
         a, b = lan.nodes
         link = measure_link(a, b)
@@ -169,7 +177,7 @@ def run_profile(name: str, model: Path, t: LayerTiming, long: bool, root: Path) 
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"{name}: coordinator not ready")
                     time.sleep(0.5)
-                res = {"profile": name, "link": link}
+                res = {"profile": name, "link": link, "load": load}
                 res["decode1"] = rate(stream(a.ip, [1, 2, 3, 4, 5, 6, 7, 8], 24)[1])
                 for n in (4, 8, 16):
                     res[f"agg{n}"] = concurrent(a.ip, n, 12)
@@ -196,7 +204,7 @@ def table(rows: list[dict]) -> str:
            "TTFT 8k s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r["pred"]
-        out.append(f"| {r['profile']} | {r['link'].rtt_ms:.2f} ms, {r['link'].bandwidth_Bps * 8 / 1e9:.2f} Gbit/s | "
+        out.append(f"| {r['profile']} (load {r['load']:.1f}) | {r['link'].rtt_ms:.2f} ms, {r['link'].bandwidth_Bps * 8 / 1e9:.2f} Gbit/s | "
                    f"{pair(r['decode1'], p.decode_tps_1)} | {pair(r['agg4'], p.aggregate(4))} | "
                    f"{pair(r['agg8'], p.aggregate(8))} | {pair(r['agg16'], p.aggregate(16))} | "
                    f"{pair(r['ttft1024'], p.ttft(1024))} | {pair(r.get('ttft8192'), p.ttft(8192))} |")
@@ -216,13 +224,10 @@ def main(argv: list[str] | None = None) -> int:
 
     model = cached_demo_model("float32")
     load = os.getloadavg()
-    t = timing(model)
-    print(f"layers timed: {t.layer_ms_b1_solo:.2f} ms/layer alone, {t.layer_ms_bB:.2f} ms/layer for {t.batch} rows, "
-          f"head {t.head_ms_b1_solo:.1f} ms, prefill {t.prefill_ms_per_token:.3f} ms/token/layer", flush=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.profiles.split(","):
-            rows.append(run_profile(name, model, t, args.long, Path(tmp)))
+            rows.append(run_profile(name, model, args.long, Path(tmp)))
             print(table(rows[-1:]).splitlines()[-1], flush=True)  # each row as soon as it is measured
     print(f"\nmeasured / predicted (prediction error); load average before {load[0]:.1f}, after "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")

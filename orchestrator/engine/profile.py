@@ -5,8 +5,8 @@ the answer per model. It loads the model as two stages — every layer but the l
 embedding), and the last layer with the final norm and head — and times, as a stage runs them:
 - one decode step for one request with every core (what a SOLO step gets), and with the
   stage's base BLAS threads; one decode step of B requests together (base threads);
-- two consecutive prefill chunks, which give the per-token cost and its growth with the
-  context already cached (attention);
+- a prefill chunk at context 0 and one behind FAR_CONTEXT cached tokens, which give the
+  per-token cost and its growth with the context already cached (attention);
 The last stage's time minus one layer is the head's (norm, head, log-softmax, sampling).
 Prints nothing but errors; writes one JSON object (agent/perf_schemas.ComputeProfile).
 """
@@ -24,6 +24,14 @@ from typing import Any, Callable
 
 CONTEXT = 32  # tokens in each cache before decode steps are timed
 REPEATS = 5
+# The growth of prefill cost with context is a difference of two timings divided by the
+# context between them: 1024 tokens apart, load noise of a few % stays a few % of the growth
+# (two chunks 256 tokens apart amplified it 4x: 1.2 ms/token/k against a base of 0.7 under load,
+# where attention over 1k tokens costs a fraction of a layer's matmuls).
+FAR_CONTEXT = 1024
+# Prefill is timed on this many layers (each costs the same): filling FAR_CONTEXT tokens
+# through every layer would take most of the profile's time on a slow CPU.
+PREFILL_LAYERS = 4
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
@@ -69,20 +77,30 @@ def time_prefill(model: Any, chunk: int, set_threads: Callable[[bool], None]) ->
     """(ms per token at context 0, extra ms per token per 1000 cached tokens) for the stage."""
     import mlx.core as mx
 
-    set_threads(True)
-    cache = model.make_cache()
-    ids = mx.zeros((1, chunk), mx.int32) + 11 if model.first else \
-        mx.random.normal((1, chunk, model.info.hidden_size)).astype(model.dtype)
-    warm = model.make_cache()
-    mx.eval(model.forward(ids, warm), [e.state for e in warm])
-    times = []
-    for _ in range(2):
+    set_threads(True)  # a lone prompt's chunks run SOLO (engine/pipeline.py), so all cores
+
+    def tokens(n: int) -> mx.array:
+        return mx.zeros((1, n), mx.int32) + 11 if model.first else \
+            mx.random.normal((1, n, model.info.hidden_size)).astype(model.dtype)
+
+    ids = tokens(chunk)
+
+    def timed(cache: list[Any]) -> float:
         t0 = time.perf_counter()
         mx.eval(model.forward(ids, cache), [e.state for e in cache])
-        times.append((time.perf_counter() - t0) * 1000 / chunk)
-    # chunk 1 sees on average chunk/2 cached tokens, chunk 2 sees chunk + chunk/2
-    per_k = max(0.0, (times[1] - times[0]) / (chunk / 1000))
-    return max(0.0, times[0] - per_k * chunk / 2000), per_k
+        return (time.perf_counter() - t0) * 1000 / chunk
+
+    warm = model.make_cache()
+    mx.eval(model.forward(ids, warm), [e.state for e in warm])
+    near = min(timed(model.make_cache()) for _ in range(2))  # min: a load spike only ever adds
+    far_cache = model.make_cache()
+    mx.eval(model.forward(tokens(FAR_CONTEXT), far_cache), [e.state for e in far_cache])
+    # min of two as for `near` (one spike made the growth 0.9 ms/token/k, the base 0.006); the
+    # second chunk sits `chunk` further on, which the growth over FAR_CONTEXT barely notices
+    far = min(timed(far_cache) for _ in range(2))
+    # the chunks' mean positions are chunk/2 and FAR_CONTEXT + chunk/2 (or + 3 chunk/2)
+    per_k = max(0.0, (far - near) / (FAR_CONTEXT / 1000))
+    return max(0.0, near - per_k * chunk / 2000), per_k
 
 
 def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[str, Any]:
@@ -105,9 +123,10 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     if body_layers:
         body = StageModel(model_dir, 0, body_layers)
         per_layer = {k: v / body_layers for k, v in time_stage(body, batch, set_threads).items()}
-        a, b = time_prefill(body, chunk, set_threads)
-        prefill = (a / body_layers, b / body_layers)
         del body
+        few = min(body_layers, PREFILL_LAYERS)
+        a, b = time_prefill(StageModel(model_dir, 0, few), chunk, set_threads)
+        prefill = (a / few, b / few)
     tail = StageModel(model_dir, n - 1, n)
     tail_ms = time_stage(tail, batch, set_threads)
     if not per_layer:  # a one-layer model: the head cannot be told apart
