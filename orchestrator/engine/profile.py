@@ -28,7 +28,11 @@ REPEATS = 5
 # context between them: 1024 tokens apart, load noise of a few % stays a few % of the growth
 # (two chunks 256 tokens apart amplified it 4x: 1.2 ms/token/k against a base of 0.7 under load,
 # where attention over 1k tokens costs a fraction of a layer's matmuls).
-FAR_CONTEXT = 1024
+# Prefill chunks are timed at the engine's own size (prefill_step_size, 2048 by default): on a
+# CPU, attention over a chunk materializes chunk x context scores per head, and its cost per
+# token grows far faster with context at 2048-token chunks than at 256 (an 8k prompt measured
+# 2x what 256-token chunks predicted).
+FAR_CONTEXT = 2048
 # Prefill is timed on this many layers (each costs the same): filling FAR_CONTEXT tokens
 # through every layer would take most of the profile's time on a slow CPU.
 PREFILL_LAYERS = 4
@@ -91,16 +95,18 @@ def time_prefill(model: Any, chunk: int, set_threads: Callable[[bool], None]) ->
         return (time.perf_counter() - t0) * 1000 / chunk
 
     warm = model.make_cache()
-    mx.eval(model.forward(ids, warm), [e.state for e in warm])
-    near = min(timed(model.make_cache()) for _ in range(2))  # min: a load spike only ever adds
-    far_cache = model.make_cache()
-    mx.eval(model.forward(tokens(FAR_CONTEXT), far_cache), [e.state for e in far_cache])
-    # min of two as for `near` (one spike made the growth 0.9 ms/token/k, the base 0.006); the
-    # second chunk sits `chunk` further on, which the growth over FAR_CONTEXT barely notices
-    far = min(timed(far_cache) for _ in range(2))
-    # the chunks' mean positions are chunk/2 and FAR_CONTEXT + chunk/2 (or + 3 chunk/2)
-    per_k = max(0.0, (far - near) / (FAR_CONTEXT / 1000))
-    return max(0.0, near - per_k * chunk / 2000), per_k
+    mx.eval(model.forward(tokens(64), warm), [e.state for e in warm])  # kernels, buffers
+    near, far = [], []
+    for _ in range(2):  # min of two each: a load spike only ever adds
+        cache = model.make_cache()
+        near.append(timed(cache))  # at context 0 ...
+        if chunk < FAR_CONTEXT:
+            mx.eval(model.forward(tokens(FAR_CONTEXT - chunk), cache), [e.state for e in cache])
+        far.append(timed(cache))  # ... and behind FAR_CONTEXT cached tokens
+    # the chunks' mean positions are chunk/2 and max(chunk, FAR_CONTEXT) + chunk/2
+    gap = max(chunk, FAR_CONTEXT) / 1000
+    per_k = max(0.0, (min(far) - min(near)) / gap)
+    return max(0.0, min(near) - per_k * chunk / 2000), per_k
 
 
 def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[str, Any]:
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prefill-chunk", type=int, default=256, help="tokens per timed prefill chunk")
+    parser.add_argument("--prefill-chunk", type=int, default=2048,
+                        help="tokens per timed prefill chunk (the engine's prefill_step_size)")
     parser.add_argument("--max-layers", type=int, default=64, help="time at most this many layers (the rest alike)")
     args = parser.parse_args(argv)
     try:
