@@ -171,7 +171,9 @@ def test_a_cancelled_ranged_copy_resumes_every_range(monkeypatch, peers, transfe
     assert sha256sums(files) == sha256sums(transfer_model)
     info = again.info()
     assert info.resumed_bytes > 0 and info.transferred_bytes <= manifest.total_bytes - info.resumed_bytes + (1 << 20)
-    assert before + info.transferred_bytes < manifest.total_bytes + (4 << 20)
+    # What was in flight when the copy was cancelled (received, not yet hashed and recorded:
+    # the hashing threads lag on a loaded machine) is fetched again; the rest is not.
+    assert before + info.transferred_bytes < manifest.total_bytes + (8 << 20)
 
 
 def test_a_peer_that_keeps_sending_damaged_bytes_fails_the_copy_as_a_mismatch(peers, transfer_model, tmp_path):

@@ -25,6 +25,9 @@ PROTECTED = [
     ("GET", "/v1/processes/c1/stage-0"), ("POST", "/v1/processes/c1/stage-0/stop"),
     ("GET", "/v1/processes/c1/stage-0/logs"), ("POST", "/v1/leases/c1"),
     ("DELETE", "/v1/models/tm"), ("GET", "/v1/hub/models/org/tiny"),
+    ("POST", "/v1/links/tickets"), ("GET", "/v1/links/echo"), ("POST", "/v1/links/echo"),
+    ("POST", "/v1/links/measure"), ("GET", "/v1/links"), ("GET", "/v1/models/tm/profile"),
+    ("POST", "/v1/models/tm/profile"),
 ]
 
 
