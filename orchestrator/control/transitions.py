@@ -73,6 +73,8 @@ def _replace_node(state: State, node_id: str, **changes: object) -> State:
 
 
 def _replace_session(state: State, session_id: str, fn) -> State:
+    if not any(s.id == session_id for s in state.sessions + state.history):
+        return state  # an event about a session nobody knows changes nothing (and bumps no version)
     return state.model_copy(update={"sessions": tuple(fn(s) if s.id == session_id else s for s in state.sessions),
                                     "history": tuple(fn(s) if s.id == session_id else s for s in state.history)})
 
