@@ -74,6 +74,7 @@ class Run:
         self.session_id = ""
         self.faults: list[Injected] = []
         self.relaunches = 0
+        self.ports: set[int] = set()  # engine ports the run's sessions listened on (checked at the end)
 
     def launch(self) -> float:
         """Launch the cluster and wait until Healthy and routable; returns the seconds it took."""
@@ -86,6 +87,7 @@ class Run:
         s = self.stack.wait_healthy(s.id)
         assert s is not None and s.health == "Healthy", s.reason if s else "gone"
         self.session_id = s.id
+        self.ports.update([s.coordinator_port] + [st.port for st in s.stages])
         deadline = time.monotonic() + 60
         while MODEL_ID not in self.stack.router_models():
             assert time.monotonic() < deadline, "the router never listed the model"
@@ -162,7 +164,7 @@ class Run:
                 fault.seconds = time.monotonic() - started if seen else None  # nothing to recover from
                 fault.outcome = "recovered" if seen else "no fault seen"
                 if not seen:
-                    fault.detail = f"Healthy and serving throughout ({QUIET_S:.0f} s watched)"
+                    fault.detail = f"no fault declared; Healthy and serving {QUIET_S:.0f} s later"
                 if seen:
                     f = s.faults[-1]
                     fault.detail = (f"{', '.join(f.processes)} replaced (attempts {f.attempts}); "
@@ -246,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-bound", type=float, default=20.0)
     parser.add_argument("--min-target", type=float, default=5.0)
     args = parser.parse_args(argv)
-    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack: a stuck run shows where
-    logs.setup("chaos", "WARNING")  # the control plane's warnings (recoveries, teardowns) with their reasons
     kinds = [k for k in args.faults.split(",") if k]
     assert all(k in FAULTS for k in kinds + [k for k in args.sequence.split(",") if k]), FAULTS
     from orchestrator.models.demo import cached_demo_model
@@ -287,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 monitor.stop()
             if clients is not None:
                 clients.stop()
-            ports = [a.port for a in stack.agents] + [stack.router_port]
-            ports += [p for a in stack.agents for p in range(a.transport[0], a.transport[1] + 1)]
+            # Only ports this run listened on: others' tests may take any other port meanwhile.
+            ports = [a.port for a in stack.agents] + [stack.router_port] + sorted(run.ports)
             stack.stop()
         left = leftovers(stack, root, ports)
     violations = report(args, (load0, os.getloadavg()[0]), cold, target, run, clients, monitor, aborted + left,
@@ -297,4 +297,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` prints every thread's stack: a stuck run shows where
+    logs.setup("chaos", "WARNING")  # the control plane's warnings (recoveries, teardowns) with their reasons
     raise SystemExit(main())

@@ -14,8 +14,8 @@ from e2e import chaos
 @pytest.mark.slow
 def test_chaos_smoke_two_faults_no_invariant_violated(capsys):
     started = time.monotonic()
-    code = chaos.main(["--clients", "2", "--cases", "3", "--sequence", "kill-stage,restart-control",
-                       "--gap", "1", "2", "--hold", "1", "2", "--seed", "7"])
+    code = chaos.main(["--clients", "2", "--cases", "2", "--sequence", "kill-stage,restart-control",
+                       "--gap", "0.5", "1", "--hold", "1", "1", "--seed", "7"])
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out
