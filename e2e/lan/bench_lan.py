@@ -207,7 +207,8 @@ def table(rows: list[dict]) -> str:
            "TTFT 8k s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r["pred"]
-        out.append(f"| {r['profile']} (load {r['load']:.1f}) | {r['link'].rtt_ms:.2f} ms, {r['link'].bandwidth_Bps * 8 / 1e9:.2f} Gbit/s | "
+        link = f"{r['link'].rtt_ms:.2f} ms, {r['link'].bandwidth_Bps * 8 / 1e9:.2f} Gbit/s"
+        out.append(f"| {r['profile']} (load {r['load']:.1f}) | {link} | "
                    f"{pair(r['decode1'], p.decode_tps_1)} | {pair(r['agg4'], p.aggregate(4))} | "
                    f"{pair(r['agg8'], p.aggregate(8))} | {pair(r['agg16'], p.aggregate(16))} | "
                    f"{pair(r['ttft1024'], p.ttft(1024))} | {pair(r.get(f'ttft{LONG}'), p.ttft(LONG))} |")

@@ -27,8 +27,8 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
 
     `hosts` maps node id to the IP its peers reach it at, overriding the plan's NodeFacts.host;
     every node needs one. A plan whose transport binds elsewhere (thunderbolt: the nodes'
-    Thunderbolt-bridge addresses) uses those addresses before either. Extra `cluster` keys (secret_file, prefill_step_size, max_batch, ...)
-    go into the [cluster] table. Raises ValueError (ConfigError or pydantic's ValidationError)
+    Thunderbolt-bridge addresses) uses those addresses before either. Extra `cluster` keys
+    (secret_file, prefill_step_size, max_batch, ...) go into the [cluster] table. Raises ValueError (ConfigError or pydantic's ValidationError)
     when the result is not a valid cluster.
     """
     hosts = dict(hosts or {})

@@ -149,8 +149,8 @@ def plan_performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split
     timings, note = timings_for(nodes)
     if timings is None:
         return None
-    perf = with_single_node_verdict(performance(costs, nodes, split, hidden_bytes, timings, note, transport), costs, nodes,
-                                    timings, hidden_bytes)
+    perf = performance(costs, nodes, split, hidden_bytes, timings, note, transport)
+    perf = with_single_node_verdict(perf, costs, nodes, timings, hidden_bytes)
     if manual:
         free = [n.free_bytes for n in nodes]
         auto = timed_split(costs, free, timings, costs.settings.tight_fit_fraction) or timed_split(costs, free, timings)

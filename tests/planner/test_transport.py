@@ -62,7 +62,8 @@ def test_thunderbolt_binds_and_connects_on_the_bridge_addresses() -> None:
 
 
 def test_thunderbolt_is_refused_naming_each_node_without_an_interface() -> None:
-    nodes = [lan_node(0, bridge(0)), lan_node(1), lan_node(2, bridge(2, up=False)), lan_node(3, bridge(3, addresses=()))]
+    nodes = [lan_node(0, bridge(0)), lan_node(1), lan_node(2, bridge(2, up=False)),
+             lan_node(3, bridge(3, addresses=()))]
     result = plan_cluster(llama(), nodes, PlanSettings(transport_backend="thunderbolt"))
     assert isinstance(result, Refusal)
     refused = [r for r in result.reasons if r.code == RefusalCode.NO_THUNDERBOLT]
