@@ -19,6 +19,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
+from e2e.pages import monitor, nav, open_distributed
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until  # noqa: F401 (used by the tests here)
 
@@ -38,16 +39,8 @@ def same_document(page: Page, token: str) -> None:
     assert page.evaluate("() => window.__e2eDocument") == token, "the page was reloaded"
 
 
-def nav(page: Page, name: str) -> None:
-    page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
-    page.wait_for_load_state()
 
 
-def open_distributed(page: Page) -> None:
-    nav(page, "Models")
-    page.get_by_role("tab", name="Distributed").click()
-    page.wait_for_load_state()
-    expect(page.get_by_role("heading", name="Serve as cluster")).to_be_visible()
 
 
 def select_cluster(page: Page, nodes: tuple[str, ...] = ("node-a", "node-b")) -> None:
@@ -68,8 +61,6 @@ def cluster_rows(page: Page):
         .filter(has_text=MODEL_ID)
 
 
-def monitor(page: Page):
-    return page.locator("#cluster-monitor")
 
 
 def badge(page: Page, text: str):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from e2e.pages import nav, node_toggle
 from orchestrator.proc import wait_until
 from tests.support.hub import HubStandIn, repo_from_dir
 
@@ -45,13 +46,8 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
     h.close()
 
 
-def nav(page: Page, name: str) -> None:
-    page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
-    page.wait_for_load_state()
 
 
-def node_toggle(scope, name: str):
-    return scope.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b"))
 
 
 def model_row(page: Page, model: str):

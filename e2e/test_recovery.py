@@ -13,7 +13,10 @@ import time
 
 import pytest
 import requests
-from playwright.sync_api import Page, expect
+from playwright.sync_api import expect
+
+from e2e.pages import monitor, nav, node_toggle, open_distributed
+from orchestrator.proc import wait_until
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.incremental
@@ -29,30 +32,12 @@ RECORD_HEALTH = """() => {
 }"""
 
 
-def until(fn, timeout: float, what: str, interval: float = 0.2):
-    """fn()'s first truthy value within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
 
 
-def nav(page: Page, name: str) -> None:
-    page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
-    page.wait_for_load_state()
 
 
-def open_distributed(page: Page) -> None:
-    nav(page, "Models")
-    page.get_by_role("tab", name="Distributed").click()
-    page.wait_for_load_state()
 
 
-def monitor(page: Page):
-    return page.locator("#cluster-monitor")
 
 
 def session_pids(stack, session: dict) -> dict[str, int]:
@@ -73,7 +58,7 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
     page.get_by_label("Transport port range start").fill(str(first))
     page.get_by_label("Transport port range end").fill(str(last))
     page.get_by_role("button", name="Save").click()
-    until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, "the settings to be saved")
+    wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings to be saved")
     assert stack.api_state()["settings"]["auto_restart"] is True
     open_distributed(page)
     for name in ("node-a", "node-b"):
@@ -85,14 +70,14 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
             .to_contain_text("Reachable")
     page.get_by_label("Model", exact=True).select_option(MODEL_ID)
     for name in ("node-a", "node-b"):
-        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
+        node_toggle(page, name).check()
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("node-b")
     page.get_by_role("button", name="Prepare on all nodes").click()
     expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
     page.get_by_role("button", name="Launch cluster").click()
     expect(monitor(page).get_by_text("Healthy", exact=True).first).to_be_visible(timeout=180_000)
-    until(lambda: MODEL_ID in stack.router_models(), 30, "the router to list the model")
+    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
     shots(page, "r1-healthy")
 
 
@@ -108,8 +93,8 @@ def test_2_a_killed_stage_comes_back_and_the_other_processes_keep_their_pids(sta
     os.kill(before["stage-1"], signal.SIGKILL)
 
     expect(monitor(page)).to_contain_text("Recovery 1: Stage 1 restarting on", timeout=20_000)
-    until(lambda: (s := stack.api_state()["sessions"]) and s[0]["faults"] and s[0]["phase"] == "running"
-          and s[0]["faults"][-1]["outcome"] == "recovered", 120, "the session to recover")
+    wait_until(lambda: (s := stack.api_state()["sessions"]) and s[0]["faults"] and s[0]["phase"] == "running"
+          and s[0]["faults"][-1]["outcome"] == "recovered", 120, message="the session to recover")
     took = time.monotonic() - killed
     expect(monitor(page).locator("#cluster-health")).to_have_text("Healthy", timeout=20_000)
     seen = page.evaluate("() => window.__healthSeen")
@@ -122,7 +107,7 @@ def test_2_a_killed_stage_comes_back_and_the_other_processes_keep_their_pids(sta
     assert steps and all(t["state"] == "done" for t in steps), steps
     for t in steps:
         expect(monitor(page)).to_contain_text(t["label"])
-    until(lambda: MODEL_ID in stack.router_models(), 30, "the router to list the model again")
+    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model again")
     r = requests.post(stack.demo.router_url + "/v1/chat/completions", timeout=120,
                       json={"model": MODEL_ID, "max_tokens": 8, "temperature": 0,
                             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
@@ -147,6 +132,6 @@ def test_3_the_sessions_drawer_keeps_the_fault_and_its_post_mortem(stack, admin,
     shots(page, "r3-post-mortem")
     [session] = stack.api_state()["sessions"]
     page.get_by_role("button", name="Stop", exact=True).click()
-    until(lambda: not stack.api_state()["sessions"], 60, "the session to stop")
-    until(lambda: not stack.engine_processes(), 30, "every engine process to end")
+    wait_until(lambda: not stack.api_state()["sessions"], 60, message="the session to stop")
+    wait_until(lambda: not stack.engine_processes(), 30, message="every engine process to end")
     assert stack.router_backends() == []
