@@ -36,6 +36,14 @@ def add(m: ProcessManager, cluster: str, node: str, lease_s: float, ignore_term:
     return record
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # already gone
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def run_enforce(m: ProcessManager) -> list[str]:
     """One reaper pass; waits for the stops it started and returns the node ids it stopped."""
     threads = m.enforce(timeout_s=5)
@@ -77,6 +85,8 @@ def test_a_restarted_agent_adopts_what_runs_and_reports_what_ended_meanwhile(tmp
     stopped = add(first, "d", "stage-0", lease_s=60)
     first.stop("d", "stage-0")  # ended under the first agent: its exit is known and persisted
     crashed.child.send(signal.SIGKILL)  # ends while "the agent is down" (nobody reaps it: a zombie)
+    # SIGKILL is delivered asynchronously: the new agent must find it already ended
+    wait_until(lambda: _zombie(crashed.child.pid), 10, message="the killed child to become a zombie")
 
     second = manager(tmp_path, clock)
     second.adopt()
