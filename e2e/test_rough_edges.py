@@ -104,7 +104,14 @@ def test_3_a_live_push_keeps_what_the_user_is_choosing(stack, admin, viewer):
 def test_4_prepare_never_starts_at_100_percent(stack, admin):
     page = admin.page
     page.evaluate(RECORD)
+    # The cluster form re-fetches itself when what it offers changes (test 3 added a node): a
+    # click while that swap is in flight can land on the button being replaced. Wait it out.
+    page.wait_for_function("() => !document.querySelector('.htmx-request')")
     page.get_by_role("button", name="Prepare on all nodes").click()
+    started = page.locator("#prepare-status tr[data-node]").first
+    refused = page.locator("#cluster-form [role=alert]")
+    expect(started.or_(refused)).to_be_visible(timeout=60_000)
+    assert not refused.is_visible(), refused.text_content()
     expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
     seen = page.evaluate("() => window.__prep")
     assert seen, "no Preparation row was ever shown"
