@@ -32,10 +32,17 @@ def _with_notice(answer: tuple[str, int], message: str) -> tuple[str, int]:
 
 
 def _refused_in_form(error: str, status: int = 400):
-    """A Serve-as-cluster action refused: the message goes under its buttons, in the form,
-    whatever component the action would have updated."""
-    html, status = _component("cluster-form", error, status, at="actions")
-    return html, status, {"HX-Retarget": "#cluster-form", "HX-Reswap": "outerHTML"}
+    """A Serve-as-cluster action refused: the message goes under its buttons, whatever component
+    the action would have updated. Only the message is swapped: the form, with the user's input,
+    stays as it is."""
+    html = render_template("components/cluster_alert.html", error=error, error_at="actions", oob=False)
+    return html, status, {"HX-Retarget": "#cluster-alert", "HX-Reswap": "outerHTML"}
+
+
+def _accepted_in_form(answer: tuple[str, int]) -> tuple[str, int]:
+    """A Serve-as-cluster action accepted: its component, and the form's last refusal cleared."""
+    html, status = answer
+    return html + render_template("components/cluster_alert.html", error=None, oob=True), status
 
 
 @bp.post("/settings/distributed")
@@ -125,7 +132,7 @@ def preview_plan():
         orch.wait(lambda st: st.plan is not before, 5)  # answer with this preview, not the previous one
     except TimeoutError:
         pass  # the websocket brings it
-    return _component("plan-preview")
+    return _accepted_in_form(_component("plan-preview"))
 
 
 @bp.post("/cluster/prepare")
@@ -144,7 +151,7 @@ def prepare():
         current_services().orchestrator.prepare(model, nodes, hub=hub)
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Prepare on all nodes: {exc}")
-    return _component("prepare-status")
+    return _accepted_in_form(_component("prepare-status"))
 
 
 @bp.post("/cluster/launch")
@@ -162,7 +169,7 @@ def launch():
         orch.launch_cluster(model, nodes, _context_length())
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Launch cluster: {exc}")
-    return _component("cluster-monitor")
+    return _accepted_in_form(_component("cluster-monitor"))
 
 
 @bp.post("/sessions/<session_id>/stop")

@@ -51,12 +51,20 @@ def test_valid_settings_are_saved_and_confirmed(web: Web):
 def test_cluster_actions_refused_show_the_message_under_the_buttons_with_the_selection_kept(web: Web, path: str):
     version = web.orch.state.version
     r = post(web, path, {"model": "smol", "nodes": ["only-one"], "context_length": "2048"})
-    form = parse(r.get_data(as_text=True)).by_id("cluster-form")
-    assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-form"
-    (alert,) = form.by_role("alert")
+    answer = parse(r.get_data(as_text=True))
+    assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-alert"
+    (alert,) = answer.by_id("cluster-alert").by_role("alert")
     assert alert.text.endswith("Select at least 2 nodes")
-    assert form.by_id("context_length").attrs["value"] == "2048"  # the user's input is kept
+    assert not answer.find_all(id="cluster-selection")  # only the message is swapped: the user's input stays
     assert web.orch.state.version == version
+
+
+def test_an_accepted_cluster_action_clears_the_last_refusal(rich: Web, monkeypatch: pytest.MonkeyPatch):
+    # the web layer's answer only: the orchestrator (tested in tests/control) accepts at once
+    monkeypatch.setattr(rich.orch, "prepare", lambda *args, **kwargs: None)
+    r = post(rich, "/cluster/prepare", {"model": "smol", "nodes": ["n0", "n1"]})
+    cleared = parse(r.get_data(as_text=True)).by_id("cluster-alert")
+    assert r.status_code == 200 and cleared.attrs.get("hx-swap-oob") == "true" and not cleared.by_role("alert")
 
 
 def test_bad_context_length_and_unknown_nodes_are_explained(web: Web):

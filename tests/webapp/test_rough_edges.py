@@ -89,10 +89,10 @@ def test_pressing_launch_anyway_is_refused_in_words_and_the_running_plan_stays(r
     before = rich.orch.state.plan
     r = admin.post("/cluster/launch", data={"model": "smol", "nodes": ["n0", "n1"], "context_length": "2048"},
                    headers={"X-CSRF-Token": csrf_of(admin), "HX-Request": "true"})
-    form = parse(r.get_data(as_text=True)).by_id("cluster-form")
-    assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-form"
-    assert form.by_role("alert")[0].text.startswith("Launch cluster: node-a and node-b already serve smol")
-    assert "does not fit" not in form.text
+    alert = parse(r.get_data(as_text=True)).by_id("cluster-alert")
+    assert r.status_code == 400 and r.headers["HX-Retarget"] == "#cluster-alert"
+    assert alert.by_role("alert")[0].text.startswith("Launch cluster: node-a and node-b already serve smol")
+    assert "does not fit" not in alert.text
     assert rich.orch.state.plan is before  # nothing was planned: the running cluster's plan stays on screen
 
 
