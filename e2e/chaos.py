@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from e2e.chaos_clients import Clients, Monitor, solo_answers  # noqa: E402
-from e2e.fault_stack import MODEL_ID, Stack  # noqa: E402
+from e2e.fault_stack import AGENT_STARTUP_TIMEOUT_S, MODEL_ID, Stack  # noqa: E402
 from orchestrator import logs  # noqa: E402
 from orchestrator.proc import marked_processes, port_free  # noqa: E402
 
@@ -107,14 +107,14 @@ class Run:
         if kind.endswith("-agent"):
             agent = self.rng.choice(self.stack.agents[:2])
             fault = Injected(at, kind, agent.name)
-            agent.kill(sig)
+            agent.send(sig)
             fault.away = self.rng.uniform(*self.hold)
             time.sleep(fault.away)
             if sig == signal.SIGKILL:
-                agent.proc.wait(10)
-                agent.start(self.stack.env)  # same state directory: same identity and credential
+                agent.proc.wait_exit(10)
+                agent.start(AGENT_STARTUP_TIMEOUT_S)  # same state directory: same identity and credential
             else:
-                agent.kill(signal.SIGCONT)
+                agent.send(signal.SIGCONT)
             return fault
         fault = Injected(at, kind, "control plane")
         self.stack.orch.stop()

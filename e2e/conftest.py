@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from orchestrator.agent.client import AgentClient
+from orchestrator.agent.local import LocalAgent
 from orchestrator.demo_stack import Demo, DemoError
 from orchestrator.proc import free_port, free_port_block, marked_processes
 
@@ -85,7 +86,8 @@ class Stack:
     def transport(self) -> tuple[int, int]:
         return self.demo.nodes[0].transport[0], self.demo.nodes[-1].transport[1]
 
-    def node(self, name: str):
+    def node(self, name: str) -> LocalAgent:
+        """The demo's node agent called `name`."""
         return next(n for n in self.demo.nodes if n.name == name)
 
     def api_state(self) -> dict:

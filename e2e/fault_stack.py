@@ -9,112 +9,30 @@ an `Orchestrator` over a state directory, so that "the dashboard dies and comes 
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 import yaml
 
+from orchestrator.agent.local import LocalAgent
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Session, Settings
-from orchestrator.demo_stack import SHARED_HOST_BLAS
+from orchestrator.demo_stack import MODEL_ID
+from orchestrator.proc import ChildProcess, free_port, free_port_block
 from orchestrator.registrar import ConfigFileRegistrar
 
-MODEL_ID = "SmolLM2-135M-Instruct"
+AGENT_STARTUP_TIMEOUT_S = 60.0
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclass(eq=False)
+class StackAgent(LocalAgent):
+    """A node agent of the stack, and its node id once the control plane has registered it."""
 
-
-def free_block(size: int) -> tuple[int, int]:
-    """`size` consecutive free ports (first, last)."""
-    for _ in range(200):
-        start = free_port()
-        if start + size > 65000:
-            continue
-        try:
-            socks = []
-            for p in range(start, start + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return start, start + size - 1
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no block of free ports")
-
-
-@dataclass
-class Agent:
-    """One node agent process."""
-
-    name: str
-    root: Path
-    port: int
-    transport: tuple[int, int]
-    proc: subprocess.Popen | None = None
-    token: str = ""
     node_id: str = ""
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, env: dict[str, str]) -> "Agent":
-        """Start (or restart: same state directory, so the same identity and credentials)."""
-        (self.root / "models").mkdir(parents=True, exist_ok=True)
-        log = self.root / "agent.log"
-        argv = [sys.executable, "-m", "orchestrator.cli", "agent", "--host", "127.0.0.1", "--port", str(self.port),
-                "--name", self.name, "--models-dir", str(self.root / "models"), "--state-dir", str(self.root / "state"),
-                "--transport-ports", f"{self.transport[0]}-{self.transport[1]}", "--no-advertise"]
-        offset = log.stat().st_size if log.exists() else 0
-        self.proc = subprocess.Popen(argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            text = log.read_bytes()[offset:].decode(errors="replace")
-            token = re.search(r"pairing token: (\S+)", text)
-            if token:
-                self.token = token.group(1)
-            try:
-                if requests.get(self.url + "/v1/identity", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent {self.name} exited: {text[-2000:]}")
-            time.sleep(0.1)
-        raise RuntimeError(f"agent {self.name} did not answer")
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
-
-    def stop(self) -> None:
-        """SIGTERM (the agent stops its engine processes), SIGKILL after 20 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.proc.wait(5)
 
 
 @dataclass
@@ -122,8 +40,8 @@ class Stack:
     """Agents, router and an in-process control plane over `root`."""
 
     root: Path
-    agents: list[Agent] = field(default_factory=list)
-    router: subprocess.Popen | None = None
+    agents: list[StackAgent] = field(default_factory=list)
+    router: ChildProcess | None = None
     router_port: int = 0
     orch: Orchestrator | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -137,26 +55,25 @@ class Stack:
         return self.root / "router.yaml"
 
     def start(self, model_dir: Path, nodes: int = 2, env: dict[str, str] | None = None) -> "Stack":
-        # Every "node" is this one machine, as in the demo and the tests' agents: a stage gets
-        # one BLAS thread (all cores when nothing else is in flight). Without it each stage's
-        # OpenBLAS spreads every GEMM over all cores that the other stage (and any other load)
-        # also wants, and a fresh stage's probe steps took 5-10x longer (README, recovery).
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS, **(env or {})}
-        first, _ = free_block(10 * nodes)
+        """Start `nodes` agents holding the model in `model_dir`, and the router; register the
+        agents and prepare the model on all of them. `env` goes to every process on top of
+        LocalAgent's (which gives each stage one BLAS thread: every "node" is this machine, and a
+        fresh stage's probe steps took 5-10x longer with each OpenBLAS using every core)."""
+        self.env = {**(env or {})}
+        first, _ = free_port_block(10 * nodes)
         for i in range(nodes):
-            a = Agent(f"node-{'abcdefgh'[i]}", self.root / f"node-{i}", free_port(),
-                      (first + 10 * i, first + 10 * i + 9))
-            (a.root / "models").mkdir(parents=True, exist_ok=True)
-            shutil.copytree(model_dir, a.root / "models" / MODEL_ID, dirs_exist_ok=True)
-            self.agents.append(a.start(self.env))
+            a = StackAgent(f"node-{'abcdefgh'[i]}", self.root / f"node-{i}", free_port(),
+                           (first + 10 * i, first + 10 * i + 9), args=["--no-advertise"], env=self.env)
+            a.models_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(model_dir, a.models_dir / MODEL_ID, dirs_exist_ok=True)
+            self.agents.append(a.start(AGENT_STARTUP_TIMEOUT_S))
         self.router_yaml.write_text(yaml.safe_dump({"backends": [], "health_checks": {
             "enabled": True, "interval": "0.5s", "timeout": "1s", "unhealthy_threshold": 1, "healthy_threshold": 1}}))
         self.router_port = free_port()
-        self.router = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "router", "--config",
-                                        str(self.router_yaml), "--port", str(self.router_port),
-                                        "--reload-interval", "0.2"],
-                                       stdout=(self.root / "router.log").open("ab"), stderr=subprocess.STDOUT,
-                                       env=self.env, start_new_session=True)
+        self.router = ChildProcess.spawn(
+            "router", [sys.executable, "-m", "orchestrator.cli", "router", "--config", str(self.router_yaml),
+                       "--port", str(self.router_port), "--reload-interval", "0.2"],
+            self.root / "router.log", append=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         self.orch = self._control_plane()
         self.orch.update_settings(Settings(distributed_enabled=True, port_start=first, port_end=first + 10 * nodes - 1))
         for a in self.agents:
@@ -223,5 +140,4 @@ class Stack:
         for a in self.agents:
             a.stop()
         if self.router is not None:
-            self.router.terminate()
-            self.router.wait(10)
+            self.router.stop(10)

@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .agent.local import SHARED_HOST_BLAS, LocalAgent
 from .proc import ChildError, ChildProcess, free_port, free_port_block, kill_marked, port_free, stop_all
 
 MODEL_ID = "SmolLM2-135M-Instruct"
@@ -47,40 +48,6 @@ class DemoError(RuntimeError):
     """A process of the demo did not come up; the message carries its output."""
 
 
-# Every "node" of the demo is this one machine: a stage computes on one BLAS thread while
-# others also work, and on every core when the coordinator says nothing else is in flight
-# (the SOLO flag). Agents pass this environment on to the stages they start.
-SHARED_HOST_BLAS = {"PIPESERVE_STAGE_THREADS": "1", "PIPESERVE_SOLO_THREADS": str(os.cpu_count() or 1)}
-
-
-@dataclass
-class Node:
-    """One demo node agent."""
-
-    name: str
-    port: int
-    transport: tuple[int, int]
-    root: Path
-    child: ChildProcess | None = None
-    token: str | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
-
-    @property
-    def models_dir(self) -> Path:
-        return self.root / "models"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state"
-
-
 @dataclass
 class Demo:
     """The demo's processes: agents, router, dashboard (all real, on 127.0.0.1)."""
@@ -88,7 +55,7 @@ class Demo:
     root: Path
     dashboard_port: int
     router_port: int
-    nodes: list[Node]
+    nodes: list[LocalAgent]
     budget: str = DEFAULT_BUDGET
     upload_limit: str | None = DEFAULT_UPLOAD_LIMIT
     discovery: bool = True
@@ -106,7 +73,8 @@ class Demo:
         the dashboard's first-run settings (distributed serving still off: the user turns it on)."""
         n = len(agent_ports)
         width = (transport[1] - transport[0] + 1) // n
-        nodes = [Node(name, port, (transport[0] + i * width, transport[0] + (i + 1) * width - 1), root / "nodes" / name)
+        nodes = [LocalAgent(name, Path(root) / "nodes" / name, port,
+                            (transport[0] + i * width, transport[0] + (i + 1) * width - 1))
                  for i, (name, port) in enumerate(zip(NODE_NAMES, agent_ports))]
         settings = None
         if preset_settings and transport != TRANSPORT_DEFAULT:
@@ -167,9 +135,7 @@ class Demo:
         return child
 
     def _start(self, model_src: Path) -> None:
-        for node in self.nodes:
-            node.models_dir.mkdir(parents=True, exist_ok=True)
-            node.state_dir.mkdir(parents=True, exist_ok=True)
+        self.nodes[0].models_dir.mkdir(parents=True, exist_ok=True)
         shutil.copytree(model_src, self.nodes[0].models_dir / MODEL_ID)
         import yaml
 
@@ -183,15 +149,14 @@ class Demo:
             (self.dashboard_state / "control.json").write_text(json.dumps({"settings": self.settings}))
         cli = [self.python, "-m", "orchestrator.cli"]
         for i, node in enumerate(self.nodes):
-            argv = [*cli, "agent", "--host", "127.0.0.1", "--port", str(node.port), "--name", node.name,
-                    "--models-dir", str(node.models_dir), "--state-dir", str(node.state_dir),
-                    "--transport-ports", f"{node.transport[0]}-{node.transport[1]}",
-                    "--memory-budget", self.budget]
+            node.args = ["--memory-budget", self.budget]
             if i == 0 and self.upload_limit:
-                argv += ["--upload-limit", self.upload_limit]
+                node.args += ["--upload-limit", self.upload_limit]
             if not self.discovery:
-                argv.append("--no-advertise")
-            node.child = self._spawn(node.name, argv)
+                node.args.append("--no-advertise")
+            # Logs beside the router's and the dashboard's; die_with_parent for the reason `_spawn` gives.
+            node.log_dir, node.die_with_parent, node.python = self.root / "logs", True, self.python
+            self.children.append(node.launch().proc)
         router = self._spawn("router", [*cli, "router", "--config", str(self.router_yaml), "--port",
                                         str(self.router_port), "--reload-interval", "0.2"])
         dash_argv = [*cli, "dashboard", "--host", "127.0.0.1", "--port", str(self.dashboard_port),
@@ -207,14 +172,9 @@ class Demo:
     def _wait_up(self, router: ChildProcess, dashboard: ChildProcess) -> None:
         import requests
 
-        from orchestrator.agent.client import AgentClient
-
         for node in self.nodes:
-            c = node.child
-            node.token = c.wait_ready(lambda c=c: c.printed(r"pairing token: (\S+)"), "pairing token", STARTUP_TIMEOUT)
-            probe = AgentClient(node.url, timeout=1)
-            c.wait_ready(probe.identity, "answer on " + node.url, STARTUP_TIMEOUT)
-            probe.close()
+            if node.wait_ready(STARTUP_TIMEOUT).token is None:
+                raise ChildError(f"{node.name} printed no pairing token:\n{node.output()}")
         router.wait_ready(lambda: requests.get(self.router_url + "/health", timeout=1).status_code == 200,
                           "answer on " + self.router_url, STARTUP_TIMEOUT)
         self.admin_token = dashboard.wait_ready(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token",
@@ -231,8 +191,9 @@ class Demo:
         router; finally kill anything left that names the demo's directory. Returns the pids
         of such leftovers (none when every agent cleaned up after itself)."""
         by_name = {c.name: c for c in self.children}
-        for names in (["dashboard"], [n.name for n in self.nodes], ["router"]):
-            stop_all([by_name[n] for n in names if n in by_name], timeout=20.0)
+        agents = [n.proc for n in self.nodes if n.proc is not None]
+        for group in ([by_name.get("dashboard")], agents, [by_name.get("router")]):
+            stop_all([c for c in group if c is not None], timeout=20.0)
         self.children.clear()
         return kill_marked(self.marker)
 

@@ -55,7 +55,7 @@ def catalogue(blas: str) -> dict[str, System]:
         "pipe1": System("pipe1", "pipeline", "pipeline, 2 stages × 1 BLAS thread", 1, env(1), primary=True),
         "pipe2": System("pipe2", "pipeline", "pipeline, 2 stages × 2 BLAS threads", 2, env(2)),
         # What the demo runs: 1 thread per stage, every core for a step nothing else competes
-        # with (the coordinator's SOLO flag; demo.SHARED_HOST_BLAS).
+        # with (the coordinator's SOLO flag; agent.local.SHARED_HOST_BLAS).
         "pipesolo": System("pipesolo", "pipeline", "pipeline, 2 stages × 1 BLAS thread, all cores when SOLO", 1,
                            env(1), primary=True, solo_threads=cores),
     }

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.demo_stack import SHARED_HOST_BLAS
+from orchestrator.agent.local import SHARED_HOST_BLAS
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.predict import StageSpec, predict
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID, SHARED_HOST_BLAS
+from orchestrator.agent.local import SHARED_HOST_BLAS
+from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID
 
 from .netns import REPO, Lan, LanHost
 

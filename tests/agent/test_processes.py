@@ -176,7 +176,7 @@ def test_bad_start_requests_are_refused_and_start_nothing(spawn_agent, test_mode
 def test_transport_port_outside_the_range_is_refused(spawn_agent, test_model_dir, tmp_path):
     a = spawn_agent("a")
     copy_model(test_model_dir, a.models_dir, MODEL)
-    outside = a.ports[1] + 100
+    outside = a.transport[1] + 100
     with pytest.raises(AgentError) as err:
         a.client.start_process(stage_request(cluster_toml(tmp_path, [(0, 3)], [a.port_at(0), outside]), "stage-0",
                                              secrets.token_hex(16)))

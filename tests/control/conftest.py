@@ -73,8 +73,8 @@ def env(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path) -> Iter
 
     orch = make()
     # The dashboard's transport range must cover the ports the test agents were given.
-    orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.ports[0] for a in agents),
-                                  port_end=max(a.ports[1] for a in agents)))
+    orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.transport[0] for a in agents),
+                                  port_end=max(a.transport[1] for a in agents)))
     for a in agents:
         orch.register_node(a.url, a.token)
     yield Env(agents, router, router_yaml, tmp_path / "state", orch, make)

@@ -68,8 +68,8 @@ def henv(spawn_agent, start_router, test_model_dir: Path, transfer_model: Path, 
         return o
 
     orch = make()
-    orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.ports[0] for a in agents),
-                                  port_end=max(a.ports[1] for a in agents)))
+    orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.transport[0] for a in agents),
+                                  port_end=max(a.transport[1] for a in agents)))
     for a in agents:
         orch.register_node(a.url, a.token)
     yield HubEnv(hub, agents, orch, make, router_yaml)
