@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 from .perf_schemas import LinkList, LinkSample, MeasureLinksRequest, ProfileStatus
 from .schemas import (CheckResult, DownloadInfo, DownloadList, Identity, LeaseResponse, LogsResponse, Manifest,
-                      ModelInfo, ModelList, PairResponse, ProcessInfo, ProcessList, Report, StartProcessRequest,
-                      TicketResponse)
+                      ModelInfo, ModelList, OfferedFiles, PairResponse, ProcessInfo, ProcessList, Report,
+                      StartProcessRequest, TicketResponse)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -163,6 +163,16 @@ class AgentClient:
         if rest:
             source["mirrors"] = [{"url": p.base_url, "ticket": p.ticket(model_id, ttl_s).ticket} for p in rest]
         return self.fetch(model_id, source, manifest)
+
+    def follow_peer(self, model_id: str, peer: "AgentClient", ttl_s: int = 3600) -> DownloadInfo:
+        """Copy the model from `peer` while the peer still downloads it: each file once the peer has
+        verified it, until the peer holds the whole model."""
+        source = {"kind": "peer", "url": peer.base_url, "ticket": peer.ticket(model_id, ttl_s).ticket, "follow": True}
+        return self.fetch(model_id, source)
+
+    def offered(self, model_id: str) -> OfferedFiles:
+        """The files this node serves to peers: all once it holds the model, else those verified so far."""
+        return self._call("GET", f"/v1/models/{_q(model_id)}/files", model=OfferedFiles)
 
     def progress(self, model_id: str) -> DownloadInfo:
         """The latest download of a model."""

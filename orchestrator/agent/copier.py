@@ -25,15 +25,17 @@ import queue
 import socket
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from ..logs import EventLogger
 from .fastio import SPLICE, splice_body, start_writeback
 from .jobs import Cancelled, DownloadError, Job
+from .inventory import sha256_file
 from .parts import Part, load_part, save_ranges
-from .peer import NETWORK_RETRIES, TIMEOUT, network_reason, oversize_error, status_error
-from .schemas import PeerSource
+from .peer import NETWORK_RETRIES, TIMEOUT, Peer, network_reason, oversize_error, peers_of, status_error
+from .schemas import FileEntry, PeerSource
 
 RECV_CHUNK = 1 << 20  # measured: 4 MiB blocks fall out of the CPU cache between recv and pwrite (2-3x the CPU)
 HASH_CHUNK = 1 << 20  # read back while still hot in the cache, hashed in place
@@ -41,32 +43,61 @@ WRITEBACK_EVERY = 64 << 20  # hashed bytes after which the kernel is asked to st
 
 
 @dataclass
-class Peer:
-    """One source of the files (the PeerSource or one of its mirrors)."""
-
-    host: str
-    port: int
-    ticket: str
-    base: str  # the path prefix of the model's files
-
-    @classmethod
-    def of(cls, url: str, ticket: str, model_id: str) -> "Peer":
-        parts = urlsplit(url)
-        return cls(parts.hostname or "", parts.port or 80, ticket, f"/v1/models/{quote(model_id, safe='')}/files/")
-
-
-@dataclass
 class Copy:
-    """Shared state of one copy: the parts, the work queue, the first fatal error."""
+    """Shared state of one copy: the parts, the work queues, the first fatal error.
+
+    `complete` is False while more files may still come (a copy that follows a peer's own
+    download learns its files as the peer verifies them); the copy is over only once every
+    file is known and verified.
+    """
 
     job: Job
     log: EventLogger
-    parts: list[Part]
+    peers: list[Peer]
+    files_dir: Path
+    parts: list[Part] = field(default_factory=list)
+    complete: bool = True
     work: queue.Queue = field(default_factory=queue.Queue)
+    to_hash: queue.Queue = field(default_factory=queue.Queue)
     cond: threading.Condition = field(default_factory=threading.Condition)
     error: BaseException | None = None
     verified: int = 0
     conns: list[http.client.HTTPConnection] = field(default_factory=list)
+
+    def add(self, files: dict[str, FileEntry], linked: set[str] = frozenset(), rehash: bool = False) -> None:
+        """Queue files for the receivers and hashers; a file already in place counts as done at once.
+
+        A file in place was renamed from `.part` only after verification against the same request;
+        `rehash` checks it again (a following copy knows its files only from the peer's listing).
+        """
+        for rel, entry in files.items():
+            target = self.files_dir / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists() and target.stat().st_size == entry.size:
+                if not rehash or sha256_file(target) == entry.sha256:
+                    self.job.file_done(entry.size, "reused" if rel in linked else "resumed", counted=0)
+                    continue
+                target.unlink()
+            p = load_part(rel, entry.size, entry.sha256, target, self.files_dir.parent / "ranges" / f"{rel}.json",
+                          len(self.peers))
+            p.counted = sum(w for _, _, w in p.ranges)
+            with self.job.lock:
+                self.job.resumed_bytes += p.counted
+                self.job.current_bytes += p.counted
+            save_ranges(p)
+            with self.cond:
+                self.parts.append(p)
+                for i, (start, end, written) in enumerate(p.ranges):
+                    if written < end - start or end == start:
+                        self.work.put((p, i, p.generation, 0))
+                self.to_hash.put(p)
+                self.cond.notify_all()
+
+    def all_known(self) -> None:
+        """No more files will be added."""
+        with self.cond:
+            self.complete = True
+            self.cond.notify_all()
 
     def unblock(self) -> None:
         """Shut every receiver's socket down, so a read waiting on a stalled peer returns now."""
@@ -86,62 +117,61 @@ class Copy:
             self.cond.notify_all()
 
     @property
+    def done(self) -> bool:
+        """Every file is known and verified."""
+        return self.complete and self.verified == len(self.parts)
+
+    @property
     def over(self) -> bool:
-        return self.error is not None or self.verified == len(self.parts) or self.job.cancel.is_set()
+        return self.error is not None or self.done or self.job.cancel.is_set()
 
 
 def copy_from_peers(job: Job, source: PeerSource, files_dir: Path, linked: set[str], log: EventLogger,
                     hashers: int = 2) -> None:
     """Bring every file of the job's manifest into `files_dir` (those in `linked` are already there)."""
     assert job.manifest is not None
-    remote = source.model_id or job.model_id
-    peers = [Peer.of(source.url, source.ticket, remote)] + [
-        Peer.of(m.url, m.ticket, m.model_id or remote) for m in source.mirrors]
-    ranges_dir = files_dir.parent / "ranges"
-    parts: list[Part] = []
-    for rel, entry in job.manifest.files.items():
-        target = files_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists() and target.stat().st_size == entry.size:
-            # Renamed from .part only after verification (or linked from a verified local copy).
-            job.file_done(entry.size, "reused" if rel in linked else "resumed", counted=0)
-            continue
-        p = load_part(rel, entry.size, entry.sha256, target, ranges_dir / f"{rel}.json", len(peers))
-        p.counted = sum(w for _, _, w in p.ranges)
-        with job.lock:
-            job.resumed_bytes += p.counted
-            job.current_bytes += p.counted
-        save_ranges(p)
-        parts.append(p)
-    if not parts:
+    c = Copy(job, log, peers_of(source, job.model_id), files_dir)
+    c.add(job.manifest.files, linked)
+    run_copy(c, max(1, min(hashers, len(c.parts))))
+
+
+def run_copy(c: Copy, hashers: int, feeder: Callable[[Copy], None] | None = None) -> None:
+    """Run the receivers and hashers (and `feeder`, which adds files until it calls `all_known`) to the end.
+
+    Raises the first error (a DownloadError, Cancelled, or a bug, reported on the job).
+    """
+    if c.done:
         return
-    c = Copy(job, log, parts)
-    for p in parts:
-        for i, (start, end, written) in enumerate(p.ranges):
-            if written < end - start or end == start:
-                c.work.put((p, i, p.generation, 0))
-    to_hash: queue.Queue = queue.Queue()
-    for p in parts:
-        to_hash.put(p)
     threads = [threading.Thread(target=_receiver, args=(c, peer), daemon=True, name=f"copy-recv-{i}")
-               for i, peer in enumerate(peers)]
-    threads += [threading.Thread(target=_hasher, args=(c, to_hash), daemon=True, name=f"copy-hash-{i}")
-                for i in range(max(1, min(hashers, len(parts))))]
+               for i, peer in enumerate(c.peers)]
+    threads += [threading.Thread(target=_hasher, args=(c,), daemon=True, name=f"copy-hash-{i}")
+                for i in range(hashers)]
+    if feeder is not None:
+        threads.append(threading.Thread(target=_feed, args=(c, feeder), daemon=True, name="copy-feed"))
     for t in threads:
         t.start()
     with c.cond:
         while not c.over:
             c.cond.wait(0.25)
     c.fail(Cancelled())  # whatever ended it: every thread stops now (no effect when an error came first)
-    if c.verified < len(parts):
+    if not c.done:
         c.unblock()
     for t in threads:
         t.join()
-    for p in parts:
+    for p in c.parts:
         if p.part.exists():
             save_ranges(p)
-    if c.verified < len(parts):
-        raise c.error or Cancelled()  # a DownloadError, Cancelled, or a bug (reported on the job)
+    if not c.done:
+        raise c.error or Cancelled()
+
+
+def _feed(c: Copy, feeder: Callable[[Copy], None]) -> None:
+    try:
+        feeder(c)
+    except Cancelled:
+        c.fail(Cancelled())
+    except BaseException as exc:  # noqa: BLE001 (a DownloadError, or a bug: the job reports it)
+        c.fail(exc)
 
 
 class _Stale(Exception):
@@ -279,14 +309,16 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
     r.close()
 
 
-def _hasher(c: Copy, to_hash: queue.Queue) -> None:
-    """Verify parts in manifest order while they arrive; install each verified one."""
+def _hasher(c: Copy) -> None:
+    """Verify parts in the order they were added while they arrive; install each verified one."""
     try:
         while not c.over:
             try:
-                p = to_hash.get_nowait()
+                p = c.to_hash.get(timeout=0.1)
             except queue.Empty:
-                return
+                if c.complete:
+                    return  # the other hashers hold what is left
+                continue
             _verify(c, p)
     except Cancelled:
         c.fail(Cancelled())

@@ -10,8 +10,9 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from .schemas import DownloadInfo, Manifest
+from .schemas import DownloadInfo, FileEntry, Manifest
 
 RATE_WINDOW_S = 3.0
 
@@ -71,6 +72,15 @@ class Job:
         # jobs count it against the free disk; and the check a source calls once it knows its size.
         self.reserved_bytes = 0
         self.require_space: Callable[[int], None] = lambda needed: None
+        # Files verified in the work directory (`files_dir`) so far, which peers may copy while
+        # the job still runs; a file is offered only after its hash matched, never while partial.
+        self.files_dir: Path | None = None
+        self.offered: dict[str, FileEntry] = {}
+
+    def offer(self, rel: str, entry: FileEntry) -> None:
+        """A file is verified in the work directory: peers may copy it from now on."""
+        with self.lock:
+            self.offered[rel] = entry
 
     def outstanding(self) -> int:
         """Bytes this job has still to write (conservative: files it could resume count as unwritten)."""

@@ -21,8 +21,11 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
 from .jobs import DownloadError
+from .schemas import PeerSource
 
 NETWORK_RETRIES = 3
 TIMEOUT = (5, 30)  # connect, read (seconds)
@@ -74,3 +77,23 @@ def network_reason(exc: BaseException) -> str:
     return f"connection lost ({type(exc).__name__})"
 
 
+@dataclass
+class Peer:
+    """One source of the files (the PeerSource or one of its mirrors)."""
+
+    host: str
+    port: int
+    ticket: str
+    base: str  # the path prefix of the model's files
+
+    @classmethod
+    def of(cls, url: str, ticket: str, model_id: str) -> "Peer":
+        parts = urlsplit(url)
+        return cls(parts.hostname or "", parts.port or 80, ticket, f"/v1/models/{quote(model_id, safe='')}/files/")
+
+
+def peers_of(source: PeerSource, model_id: str) -> list[Peer]:
+    """The source and its mirrors."""
+    remote = source.model_id or model_id
+    return [Peer.of(source.url, source.ticket, remote)] + [
+        Peer.of(m.url, m.ticket, m.model_id or remote) for m in source.mirrors]

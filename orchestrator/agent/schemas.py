@@ -160,6 +160,10 @@ class PeerSource(_Request):
     # Further peers holding the same files: the copy takes files (or byte ranges of large
     # files) from all of them at once; every byte is still checked against the manifest.
     mirrors: list["PeerMirror"] = Field(default=[], max_length=8)
+    # Copy the files the peer offers while its own download still runs, each once the peer has
+    # verified it, until the peer holds the whole model (no manifest, no mirrors: the peer's
+    # verified files are the manifest, every byte still checked against their sha256).
+    follow: bool = False
 
     @field_validator("url")
     @classmethod
@@ -202,6 +206,18 @@ class FetchRequest(_Request):
     # Required from a peer; optional from the hub and the demo import (then the files are
     # hashed after download and that becomes the model's manifest).
     manifest: Manifest | None = None
+
+
+class OfferedFiles(BaseModel):
+    """The files of a model a node serves to peers (`GET /v1/models/{id}/files`): all of them once
+    it holds the model, or those its running download has verified so far."""
+
+    model_id: str
+    state: Literal["present", "running", "failed", "cancelled"]
+    complete: bool  # `manifest` is the whole model
+    manifest: Manifest
+    total_bytes: int  # of the whole model, when known (0 before a hub listing came back)
+    files_total: int
 
 
 class DownloadInfo(BaseModel):

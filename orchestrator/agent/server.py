@@ -12,11 +12,11 @@ import os
 import re
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed, route
 from .inventory import ModelNotFound
-from .names import InvalidName, check_id, check_model_id
+from .names import InvalidName, check_id, check_model_id, check_relpath
 from .perf_routes import routes as perf_routes, ticket_allows
 from .processes import ProcessError
 from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, HubSource, LeaseRequest, LeaseResponse,
@@ -111,7 +111,8 @@ def build_routes(agent: "Agent") -> list[Route]:
 
     def ticket(request: Request) -> Any:
         model_id = request.params["model_id"]
-        agent.inventory.model_dir(model_id)  # only for a model this node has
+        if not agent.downloads.running(check_model_id(model_id)):  # peers may follow a running download
+            agent.inventory.model_dir(model_id)  # otherwise only for a model this node has
         body = request.json(TicketRequest)
         return TicketResponse(ticket=agent.state.issue_ticket(model_id, body.ttl_s), model_id=model_id,
                               expires_in_s=body.ttl_s)
@@ -123,6 +124,9 @@ def build_routes(agent: "Agent") -> list[Route]:
 
     def file(request: Request) -> Any:
         return _file_response(agent, request)
+
+    def offered(request: Request) -> Any:
+        return agent.downloads.offered(check_model_id(request.params["model_id"]))
 
     def downloads(_: Request) -> Any:
         return DownloadList(downloads=agent.downloads.list())
@@ -187,6 +191,7 @@ def build_routes(agent: "Agent") -> list[Route]:
         ("POST", MODEL + r"/check", check, "credential"),
         ("POST", MODEL + r"/tickets", ticket, "credential"),
         ("POST", MODEL + r"/fetch", fetch, "credential"),
+        ("GET", MODEL + r"/files", offered, "file"),
         ("GET", MODEL + r"/files/(?P<path>.+)", file, "file"),
         ("GET", r"/v1/hub/models/" + ID.format("org") + "/" + ID.format("name"), hub_listing, "credential"),
         ("GET", r"/v1/downloads", downloads, "credential"),
@@ -207,10 +212,21 @@ def _proc_key(request: Request) -> tuple[str, str]:
     return check_id(request.params["cluster_id"]), check_id(request.params["node_id"])
 
 
+def _open_served(agent: "Agent", model_id: str, rel: str) -> BinaryIO:
+    """A file a peer may read: one the model's running download has verified, else the model's own."""
+    check_relpath(rel)
+    path = agent.downloads.offered_path(check_model_id(model_id), rel)
+    if path is not None:
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            pass  # the download finished meanwhile: the file is in the model's directory now
+    return open(agent.inventory.file_path(model_id, rel), "rb")
+
+
 def _file_response(agent: "Agent", request: Request) -> Streamed:
     """A model file, whole or from a `Range: bytes=START-[END]` (206), for a peer's download."""
-    path = agent.inventory.file_path(request.params["model_id"], request.params["path"])
-    f = open(path, "rb")
+    f = _open_served(agent, request.params["model_id"], request.params["path"])
     try:
         size = os.fstat(f.fileno()).st_size
         start, end, status = 0, size - 1, 200

@@ -140,6 +140,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
                 if ok and path.stat().st_size == size:
                     got[rel] = FileEntry(size=size, sha256=digest)
                     job.file_done(size, "resumed")
+                    job.offer(rel, got[rel])
                     continue
                 path.unlink()
             for attempt in range(2):
@@ -154,6 +155,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
                                     "mismatch", [rel])
             got[rel] = FileEntry(size=path.stat().st_size, sha256=digest)
             job.file_done(got[rel].size)
+            job.offer(rel, got[rel])  # verified: peers following this download may copy it now
     except (Cancelled, DownloadError):
         raise
     except Exception as exc:  # HfHubHTTPError, its HTTP client's connection errors, OSError: one clear failure

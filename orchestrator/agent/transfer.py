@@ -24,7 +24,8 @@ from ..units import format_bytes
 from .inventory import Inventory, ModelNotFound
 from .jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
 from .copier import copy_from_peers
-from .schemas import DownloadInfo, FetchRequest, Manifest, PeerSource
+from .follow import follow_peer
+from .schemas import DownloadInfo, FetchRequest, Manifest, OfferedFiles, PeerSource
 from .state import write_private
 
 DISK_MARGIN = 16 << 20  # keep this much free beyond the download (logs, caches)
@@ -71,13 +72,19 @@ class Downloads:
         """Start fetching `model_id`; (info, created). A running job for it is returned as is."""
         self.inventory.model_dir(model_id, must_exist=False)  # validates the id
         source, manifest = request.source, request.manifest
-        if isinstance(source, PeerSource) and manifest is None:
+        following = isinstance(source, PeerSource) and source.follow
+        if following and (manifest is not None or source.mirrors):
+            raise DownloadError("a fetch that follows a peer's download takes no manifest and no mirrors: the "
+                                "files are those the peer verifies", "invalid_field")
+        if isinstance(source, PeerSource) and manifest is None and not following:
             raise DownloadError("a manifest is required to fetch from a peer", "manifest_required")
         label = source.kind + (f":{source.url}" if isinstance(source, PeerSource) else
                                f":{getattr(source, 'repo_id', '')}" if source.kind == "hf" else "")
         # What identifies the same download: the expected files (from whichever peer: a resume
-        # may continue from another one), or the source when the files are not known yet.
-        key = json.dumps(manifest.model_dump() if manifest else [label, source.model_dump()], sort_keys=True)
+        # may continue from another one), or the source when the files are not known yet (without
+        # the ticket of a following copy: each fetch brings a fresh one, and a resume is the same copy).
+        ident = [label, "follow", source.model_id] if following else [label, source.model_dump()]
+        key = json.dumps(manifest.model_dump() if manifest else ident, sort_keys=True)
         # Checked before taking the lock: hashing a large model must not block progress queries.
         present = manifest is not None and self._present(model_id, manifest)
         users = [] if present else self._users(model_id)
@@ -102,6 +109,7 @@ class Downloads:
             if manifest is not None:  # before touching the disk: a refusal leaves nothing behind
                 self._check_disk(max(0, manifest.total_bytes - self._partial_bytes(model_id, key)))
             work = self._prepare_work(model_id, key)
+            job.files_dir = work / "files"
             self._jobs[model_id] = job
             job.thread = threading.Thread(target=self._run, args=(job, source, work), daemon=True,
                                           name=f"download-{model_id}")
@@ -167,6 +175,43 @@ class Downloads:
         if job is None:
             raise LookupError(f"no download of {model_id!r} since this agent started")
         return job.info()
+
+    def running(self, model_id: str) -> bool:
+        """Whether a download of the model runs now."""
+        with self._lock:
+            job = self._jobs.get(model_id)
+        return job is not None and job.state == "running"
+
+    def offered(self, model_id: str) -> OfferedFiles:
+        """The files peers may copy: the model's manifest once it is here, the files a running download has
+        verified so far while it runs (never a partial or unverified one). ModelNotFound when neither."""
+        with self._lock:
+            job = self._jobs.get(model_id)
+        if job is not None and job.state == "running":
+            with job.lock:
+                files, total, count = dict(job.offered), job.total_bytes, job.files_total
+            return OfferedFiles(model_id=model_id, state="running", complete=False, manifest=Manifest(files=files),
+                                total_bytes=total, files_total=count)
+        try:
+            manifest = self.inventory.manifest(model_id)
+            return OfferedFiles(model_id=model_id, state="present", complete=True, manifest=manifest,
+                                total_bytes=manifest.total_bytes, files_total=len(manifest.files))
+        except ModelNotFound:
+            if job is None or job.state not in ("failed", "cancelled"):
+                raise
+        # A follower must stop (its source will not complete): nothing of the job is served.
+        return OfferedFiles(model_id=model_id, state=job.state, complete=False, manifest=Manifest(files={}),
+                            total_bytes=job.total_bytes, files_total=job.files_total)
+
+    def offered_path(self, model_id: str, rel: str) -> Path | None:
+        """Where a running download keeps a file it has verified (None when it offers no such file)."""
+        with self._lock:
+            job = self._jobs.get(model_id)
+        if job is None or job.state != "running" or job.files_dir is None:
+            return None
+        with job.lock:
+            offered = rel in job.offered
+        return job.files_dir / rel if offered else None
 
     def list(self) -> list[DownloadInfo]:
         """Every model's latest job."""
@@ -286,6 +331,8 @@ class Downloads:
         return linked
 
     def _from_peer(self, job: Job, source: PeerSource, files_dir: Path) -> Manifest:
+        if source.follow:
+            return follow_peer(job, source, files_dir, self.log)
         assert job.manifest is not None
         copy_from_peers(job, source, files_dir, self._reuse_local(job, files_dir), self.log)
         return job.manifest

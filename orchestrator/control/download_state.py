@@ -1,7 +1,8 @@
 """Model downloads as the control plane tracks them (immutable, part of `State.downloads`).
 
-One `ModelDownload` per model id: a hub repository fetched ONCE onto one node, then copied
-over the LAN to the other target nodes as soon as that copy is verified.
+One `ModelDownload` per model id: a hub repository fetched ONCE onto one node, and copied over
+the LAN to the other target nodes file by file, each file as soon as that node has verified it
+(`lan_copies`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class NodeDownload(_Frozen):
 
 
 class ModelDownload(_Frozen):
-    """A hub repository brought to several nodes: one hub download, then LAN copies."""
+    """A hub repository brought to several nodes: one hub download, LAN copies following it."""
 
     model_id: str
     hub: HubRef

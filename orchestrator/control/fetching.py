@@ -30,9 +30,10 @@ class FetchDetached(Exception):
 
 def progress_entry(base: NodeDownload, info: DownloadInfo) -> NodeDownload:
     """A node's entry from its job's progress: bytes, rate and time left (pure)."""
-    left = max(0, info.total_bytes - info.done_bytes)
+    left = max(0, (info.total_bytes or base.total_bytes) - info.done_bytes)
     eta = left / info.rate_bps if info.rate_bps > 0 else None
-    return base.model_copy(update={"done_bytes": info.done_bytes, "total_bytes": info.total_bytes,
+    # A copy following a hub download learns the size from its source: until then, the listing's size.
+    return base.model_copy(update={"done_bytes": info.done_bytes, "total_bytes": info.total_bytes or base.total_bytes,
                                    "rate_bps": info.rate_bps, "eta_s": None if eta is None else round(eta, 1),
                                    "detail": info.current_file or ""})
 
@@ -91,9 +92,9 @@ def fetch_from_hub(client: AgentClient, model_id: str, hub: HubRef, entry: NodeD
                   detach=detach)
 
 
-def copy_over_lan(client: AgentClient, model_id: str, manifest: Manifest, holders: list[AgentClient],
-                  entry: NodeDownload, report: Report, cancel: threading.Event,
-                  detach: threading.Event | None = None) -> DownloadInfo:
-    """One node copies the model from every holder at once (fresh tickets at each (re)start)."""
-    return follow(client, model_id, lambda: client.fetch_from_peers(model_id, holders, manifest), entry, report,
+def follow_over_lan(client: AgentClient, model_id: str, holder: AgentClient, entry: NodeDownload, report: Report,
+                    cancel: threading.Event, detach: threading.Event | None = None) -> DownloadInfo:
+    """One node copies each file the holder has verified while the holder still downloads the model, until
+    the holder has all of it (a fresh ticket at each (re)start, valid as long as a hub download may take)."""
+    return follow(client, model_id, lambda: client.follow_peer(model_id, holder, ttl_s=86400), entry, report,
                   cancel, detach=detach)

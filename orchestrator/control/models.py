@@ -1,4 +1,4 @@
-"""Models tab commands: download from the hub (once, then LAN copies), serve on one node, delete.
+"""Models tab commands: download from the hub (once; LAN copies follow it), serve on one node, delete.
 
 `ModelManager` belongs to the Orchestrator (`orch.models`). Its commands check what they can
 against the latest state and refuse with `CommandRefused`; a download then runs in a worker
@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..agent.client import AgentClient, AgentError
@@ -25,7 +26,8 @@ from . import events as ev
 from .commands import CommandRefused
 from .download_events import ModelDownloadFinished, ModelDownloadProgressed, ModelDownloadStarted
 from .download_state import HubRef, ModelDownload, NodeDownload
-from .fetching import FetchCancelled, FetchDetached, copy_over_lan, fetch_from_hub
+from .fetching import FetchCancelled, FetchDetached, fetch_from_hub
+from .lan_copies import FollowingCopies
 
 if TYPE_CHECKING:
     from .core import Orchestrator
@@ -91,7 +93,8 @@ class ModelManager:
             raise CommandRefused(exc.message) from None
 
     def download(self, repo_id: str, revision: str, node_ids: list[str], model_id: str = "") -> ModelDownload:
-        """Download a hub repository once (onto the first node), then copy it over the LAN to the others."""
+        """Download a hub repository once (onto the first node); the others copy each of its files over the
+        LAN as soon as the first node has verified it."""
         hub = parse_hub_ref(repo_id, revision)
         try:
             model_id = check_model_id(model_id.strip() or default_model_id(hub.repo_id))
@@ -224,47 +227,29 @@ class ModelManager:
 
         phase, error = "done", ""
         try:
-            verified = [n for n, e in entries.items() if e.status == "verified"]
-            if not verified:
-                first = next(iter(entries))
-                settle(first, "downloading", source=f"hub {dl.hub.label}", detail="")
-                info = fetch_from_hub(self.orch.agent(first), dl.model_id, dl.hub, entries[first], report, cancel,
-                                      self._detach)
-                if info.state != "done":
-                    raise _Failed(f"hub download on {names.get(first, first)} failed: {info.error or info.state}")
-                settle(first, "verified", done_bytes=info.total_bytes, total_bytes=info.total_bytes,
-                       detail="downloaded from the hub, every file verified")
-                verified = [first]
-            manifest = self.orch.agent(verified[0]).model(dl.model_id).manifest
-            holders = [self.orch.agent(v) for v in verified]
-            source = "LAN from " + ", ".join(names.get(v, v) for v in verified)
-            rest = [n for n, e in entries.items() if e.status != "verified"]
-            for n in rest:
-                settle(n, "copying", source=source, detail="")
-            failures: list[str] = []
+            # The hub node: the one that has it (a resumed download), else the first target.
+            source = next((n for n, e in entries.items() if e.status == "verified"), next(iter(entries)))
+            holder = self.orch.agent(source)
+            copies = FollowingCopies(dl.model_id, holder, names.get(source, source),
+                                     {n: self.orch.agent(n) for n, e in entries.items()
+                                      if n != source and e.status != "verified"},
+                                     names, entries, report, settle, cancel, self._detach)
 
-            def copy(node_id: str) -> None:
-                try:
-                    info = copy_over_lan(self.orch.agent(node_id), dl.model_id, manifest, holders, entries[node_id],
-                                         report, cancel, self._detach)
-                    check = self.orch.agent(node_id).check(dl.model_id, manifest) if info.state == "done" else None
-                except AgentError as exc:
-                    info, check = None, None
-                    failures.append(f"{names.get(node_id, node_id)}: {exc.message}")
-                except (FetchCancelled, FetchDetached):
-                    return
-                if check is not None and check.status == "present":
-                    settle(node_id, "verified", done_bytes=manifest.total_bytes, detail="copied over the LAN, verified")
-                elif info is not None:
-                    why = info.error or (check.message if check else info.state)
-                    failures.append(f"{names.get(node_id, node_id)}: {why}")
-                    settle(node_id, "failed", detail=why)
+            def hub_report(entry: NodeDownload) -> None:
+                report(entry)
+                copies.start()  # the hub node's job runs: the others copy each file once it is verified there
 
-            workers = [threading.Thread(target=copy, args=(n,), daemon=True) for n in rest]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
+            try:
+                if entries[source].status != "verified":
+                    self._from_hub(dl, source, names.get(source, source), entries, hub_report, settle, cancel)
+                copies.start()
+                copies.source_done(holder.model(dl.model_id).manifest)
+            except BaseException:
+                if not self._detach.is_set():
+                    cancel.set()  # stops every copy following the hub node; the hub's reason is reported for all
+                copies.join()
+                raise
+            failures = copies.join()
             if self._detach.is_set():
                 raise FetchDetached
             if cancel.is_set():
@@ -288,6 +273,20 @@ class ModelManager:
         with self._lock:
             if self._cancels.get(dl.model_id) is cancel:
                 del self._cancels[dl.model_id]
+
+    def _from_hub(self, dl: ModelDownload, node_id: str, name: str, entries: dict[str, NodeDownload],
+                  report: Callable[[NodeDownload], None], settle: Callable[..., None], cancel: threading.Event) -> None:
+        """The hub node downloads the repository; _Failed (with the hub's reason) when it cannot."""
+        settle(node_id, "downloading", source=f"hub {dl.hub.label}", detail="")
+        try:
+            info = fetch_from_hub(self.orch.agent(node_id), dl.model_id, dl.hub, entries[node_id], report, cancel,
+                                  self._detach)
+        except AgentError as exc:
+            raise _Failed(f"hub download on {name} failed: {exc.message}") from None
+        if info.state != "done":
+            raise _Failed(f"hub download on {name} failed: {info.error or info.state}")
+        settle(node_id, "verified", done_bytes=info.total_bytes, total_bytes=info.total_bytes,
+               detail="downloaded from the hub, every file verified")
 
 
 class _Failed(Exception):

@@ -17,8 +17,10 @@ work. Routes, as huggingface_hub calls them:
 
 Faults a test can arm (each fires once per armed count): `drop[(repo, path)] = n` sends the
 headers and n bytes of a GET, then closes the connection; `corrupt[(repo, path)] = k`
-flips one byte of the next k GETs of that file. `rate_bps` throttles every GET body (so
-progress and cancel can be seen), `requests` records (method, path, Range).
+flips one byte of the next k GETs of that file; `hold[(repo, path)] = event` sends the first
+half of that file's GETs, then waits for the event before the rest (a file caught half
+downloaded, for as long as a test needs). `rate_bps` throttles every GET body (so progress
+and cancel can be seen), `requests` records (method, path, Range).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class HubStandIn(ThreadingHTTPServer):
         self.repos: dict[str, Repo] = dict(repos or {})
         self.drop: dict[tuple[str, str], int] = {}
         self.corrupt: dict[tuple[str, str], int] = {}
+        self.hold: dict[tuple[str, str], threading.Event] = {}
         self.rate_bps: float | None = None
         self.requests: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
@@ -199,7 +202,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self._write(body[:cut] if cut is not None else body)
+        body = body[:cut] if cut is not None else body
+        gate = self.server.hold.get(key)
+        if gate is not None:
+            half = len(body) // 2
+            self._write(body[:half])
+            self.wfile.flush()
+            gate.wait(120)
+            body = body[half:]
+        self._write(body)
         if cut is not None:
             self.wfile.flush()
             self.close_connection = True

@@ -1,0 +1,107 @@
+"""A LAN copy that follows a peer's own download: each file is copied once the peer has verified it.
+
+When several nodes need a model from the hub, one node downloads it and the others copy it
+over the LAN. Waiting for the whole model on the first node serializes the two transfers;
+following overlaps them. The peer lists what it offers (`GET /v1/models/{id}/files`: the
+files its running download has verified so far, or the whole manifest once it holds the
+model); this node polls that list and hands each new file to the pipelined copier
+(`copier.run_copy`), which checks every byte against the listed sha256 as for any copy.
+
+The peer stays untrusted (see `peer`): its list is read up to a bounded size and validated,
+a file it lists cannot change its size or hash later, and an error never quotes its answer.
+The copy ends when the peer's list is complete and every file is verified here; a peer
+whose download failed or was cancelled ends it with `source_failed` (partial files kept: a
+later copy of the same request resumes them).
+"""
+
+from __future__ import annotations
+
+import http.client
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ..logs import EventLogger
+from .copier import Copy, run_copy
+from .jobs import DownloadError, Job
+from .peer import NETWORK_RETRIES, TIMEOUT, Peer, network_reason, status_error
+from .schemas import FileEntry, Manifest, OfferedFiles, PeerSource
+
+POLL_S = 0.2  # how soon a file the peer has verified is noticed (one small GET each time)
+MAX_LISTING = 4 << 20  # bytes of a peer's file list read at most (thousands of files fit)
+
+
+def new_files(offered: OfferedFiles, known: dict[str, FileEntry]) -> dict[str, FileEntry]:
+    """The files of a peer's list not copied yet (pure); DownloadError when the peer stopped or
+    changed a file it listed before."""
+    if offered.state in ("failed", "cancelled"):
+        raise DownloadError(f"the source node's download {offered.state}: nothing more to copy", "source_failed",
+                            keep_partial=True)
+    changed = sorted(rel for rel, e in offered.manifest.files.items() if rel in known and known[rel] != e)
+    if changed:
+        raise DownloadError(f"mismatch: the source node changed {', '.join(changed)} after offering it",
+                            "mismatch", changed)
+    return {rel: e for rel, e in offered.manifest.files.items() if rel not in known}
+
+
+def fetch_offered(peer: Peer) -> OfferedFiles:
+    """The peer's list of verified files (one GET with the ticket); OSError/HTTPException on network trouble."""
+    conn = http.client.HTTPConnection(peer.host, peer.port, timeout=TIMEOUT[1])
+    try:
+        conn.request("GET", peer.base.rstrip("/"), headers={"Authorization": f"Bearer {peer.ticket}"})
+        r = conn.getresponse()
+        if r.status == 404:  # e.g. an agent restarted and not yet asked to fetch again: the control plane decides
+            raise DownloadError("the source node has neither the model nor a download of it", "source_failed",
+                                keep_partial=True)
+        if r.status != 200:
+            raise status_error(r.status, "the list of verified files")
+        body = r.read(MAX_LISTING + 1)
+    finally:
+        conn.close()
+    if len(body) > MAX_LISTING:
+        raise DownloadError(f"the peer's list of verified files is over {MAX_LISTING} bytes", "peer_error")
+    try:
+        return OfferedFiles.model_validate_json(body)
+    except ValidationError:
+        raise DownloadError("the peer's list of verified files is malformed", "peer_error") from None
+
+
+def follow_peer(job: Job, source: PeerSource, files_dir: Path, log: EventLogger, hashers: int = 2,
+                poll_s: float = POLL_S) -> Manifest:
+    """Copy every file the peer verifies into `files_dir` until the peer holds the whole model;
+    returns the model's manifest (the peer's complete list, every file verified here)."""
+    peer = Peer.of(source.url, source.ticket, source.model_id or job.model_id)
+    c = Copy(job, log, [peer], files_dir, complete=False)
+    known: dict[str, FileEntry] = {}
+
+    def feed(c: Copy) -> None:
+        failures, sized = 0, False
+        while not c.over:
+            try:
+                offered = fetch_offered(peer)
+                failures = 0
+            except (OSError, http.client.HTTPException) as exc:
+                failures += 1
+                if failures > NETWORK_RETRIES:
+                    raise DownloadError(f"peer unreachable for its list of verified files: {network_reason(exc)}",
+                                        "peer_unreachable", keep_partial=True) from None
+                log.warning("download.retry", file="(list of verified files)", host=f"{peer.host}:{peer.port}",
+                            reason=network_reason(exc), attempt=failures)
+                job.cancel.wait(0.5 * failures)
+                continue
+            fresh = new_files(offered, known)
+            if not sized and offered.total_bytes:  # the size is known once the peer's hub listing came back
+                job.require_space(offered.total_bytes)
+                sized = True
+            with job.lock:
+                job.total_bytes = offered.total_bytes or sum(e.size for e in offered.manifest.files.values())
+                job.files_total = offered.files_total
+            known.update(fresh)
+            c.add(fresh, rehash=True)
+            if offered.complete:
+                c.all_known()
+                return
+            job.cancel.wait(poll_s)
+
+    run_copy(c, hashers, feed)
+    return Manifest(files=known)

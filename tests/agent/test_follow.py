@@ -1,0 +1,93 @@
+"""A copy that follows a peer's download (orchestrator/agent/follow.py): the pure rules on the peer's
+list, a follow of a peer that already holds the model (real agents), refusals, and a peer whose
+list is garbage. Following a hub download in progress: tests/control/test_model_follow.py."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from orchestrator.agent.client import AgentError
+from orchestrator.agent.follow import new_files
+from orchestrator.agent.jobs import DownloadError
+from orchestrator.agent.schemas import FileEntry, Manifest, OfferedFiles
+
+from .conftest import copy_model
+from .test_transfer import sha256sums
+
+A, B = FileEntry(size=1, sha256="a" * 64), FileEntry(size=2, sha256="b" * 64)
+
+
+def offered(state: str = "running", **files: FileEntry) -> OfferedFiles:
+    return OfferedFiles(model_id="m", state=state, complete=state == "present", manifest=Manifest(files=files),
+                        total_bytes=3, files_total=2)
+
+
+def test_only_new_files_are_taken_and_a_listed_file_never_changes():
+    assert new_files(offered(**{"x.json": A}), {}) == {"x.json": A}
+    assert new_files(offered(**{"x.json": A, "y.bin": B}), {"x.json": A}) == {"y.bin": B}
+    with pytest.raises(DownloadError, match="changed x.json") as err:
+        new_files(offered(**{"x.json": B}), {"x.json": A})
+    assert err.value.code == "mismatch"
+    for state in ("failed", "cancelled"):
+        with pytest.raises(DownloadError, match=f"download {state}") as err:
+            new_files(offered(state), {})
+        assert err.value.code == "source_failed" and err.value.keep_partial
+
+
+def test_following_a_peer_that_holds_the_model_copies_all_of_it(spawn_agent, transfer_model):
+    a, b = spawn_agent("a"), spawn_agent("b")
+    copy_model(transfer_model, a.models_dir, "tm")
+    listed = a.client.offered("tm")
+    assert listed.state == "present" and listed.complete and listed.manifest == a.client.model("tm").manifest
+    info = b.client.follow_peer("tm", a.client)
+    assert info.state == "running"
+    done = b.client.wait_download("tm", 120)
+    assert done.state == "done" and done.total_bytes == listed.total_bytes, done
+    assert sha256sums(b.models_dir / "tm") == sha256sums(transfer_model)
+    with pytest.raises(AgentError, match="no manifest and no mirrors"):  # the peer's list is the manifest
+        b.client.fetch("tm2", {"kind": "peer", "url": a.url, "ticket": a.client.ticket("tm").ticket, "follow": True},
+                       listed.manifest)
+    with pytest.raises(AgentError) as err:  # nothing to follow: no model, no download
+        b.client.ticket("absent")
+    assert err.value.status == 404
+
+
+class _Garbage(ThreadingHTTPServer):
+    """A 'peer' whose list of verified files is not one."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _GarbageHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _GarbageHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = b'{"model_id": "m", "state": "running", "complete": false, "manifest": {"files": {"../x": {}}}}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_peer_list_that_is_not_one_fails_the_copy_without_quoting_it(spawn_agent):
+    b = spawn_agent("b")
+    peer = _Garbage()
+    try:
+        b.client.fetch("m", {"kind": "peer", "url": f"http://127.0.0.1:{peer.server_address[1]}",
+                             "ticket": "t" * 32, "follow": True})
+        info = b.client.wait_download("m", 30)
+    finally:
+        peer.shutdown()
+    assert info.state == "failed" and info.error_code == "peer_error", info
+    assert info.error == "the peer's list of verified files is malformed"
+    assert not (b.models_dir / "m").exists()
