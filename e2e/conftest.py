@@ -13,11 +13,13 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
+from playwright.sync_api import Browser, BrowserContext, Page
 
 from orchestrator.agent.client import AgentClient
 from orchestrator.agent.local import LocalAgent
@@ -34,8 +36,17 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "e2e"
 # --- ordered steps -------------------------------------------------------------------------
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "incremental: ordered steps; after a failed step the rest of the module "
-                                       "is skipped")
+    config.addinivalue_line("markers", "incremental(package=False): ordered steps; after a failed step the rest "
+                                       "of the module (with package=True: of the package's walk) is skipped")
+
+
+def _walk(item: pytest.Item) -> tuple[pytest.Session | pytest.Collector, str]:
+    """Where a failed step is remembered, and under which key: the module, or the session
+    keyed by the package when one walk is split over the package's files."""
+    marker = item.get_closest_marker("incremental")
+    if marker is not None and marker.kwargs.get("package"):
+        return item.session, str(item.path.parent)
+    return item.parent, ""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -43,7 +54,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" and report.failed and "incremental" in item.keywords:
-        item.parent._failed_step = item.name  # type: ignore[attr-defined]
+        holder, key = _walk(item)
+        holder.__dict__.setdefault("_failed_steps", {})[key] = item.name
         for name in ("admin", "viewer"):
             browser_user = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if browser_user is not None:
@@ -56,7 +68,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if "incremental" in item.keywords:
-        failed = getattr(item.parent, "_failed_step", None)
+        holder, key = _walk(item)
+        failed = holder.__dict__.get("_failed_steps", {}).get(key)
         if failed:
             pytest.skip(f"an earlier step failed: {failed}")
 
@@ -129,11 +142,11 @@ class Stack:
         return "\n".join(parts)
 
 
-@pytest.fixture(scope="module")
-def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@contextmanager
+def running_stack(demo_model: Path, root: Path) -> Iterator[Stack]:
     """Three agents (the model on node-a only; 1100M of memory each), the router and the
-    dashboard, on free ports; their transport ranges share one block of 30 ports."""
-    root = tmp_path_factory.mktemp("e2e-stack")
+    dashboard, on free ports; their transport ranges share one block of 30 ports. Fails the
+    test when it does not start; on the way out, fails it when a process outlived its agent."""
     transport = free_port_block(30)
     taken = set(range(transport[0], transport[1] + 1))
 
@@ -154,19 +167,29 @@ def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         clients[n.name] = AgentClient(n.url, timeout=10)
         clients[n.name].pair(n.token, "e2e tests")
     s = Stack(demo, clients)
-    yield s
-    for c in clients.values():
-        c.close()
-    leftovers = demo.stop()
-    print(s.logs())  # pytest shows it when something in the module failed
+    try:
+        yield s
+    finally:
+        for c in clients.values():
+            c.close()
+        leftovers = demo.stop()
+        print(s.logs())  # pytest shows it when something failed
     assert not leftovers, f"processes outlived their agents: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A module's own stack (`running_stack`)."""
+    with running_stack(demo_model, tmp_path_factory.mktemp("e2e-stack")) as s:
+        yield s
 
 
 # --- browser -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def browser():
-    """Debian's Chromium under Playwright (`playwright install` is not needed)."""
+@contextmanager
+def chromium() -> Iterator[Browser]:
+    """Debian's Chromium under Playwright (`playwright install` is not needed); skips the test
+    where it is not installed."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: install Debian's chromium (`make system` as root)")
     from playwright.sync_api import sync_playwright
@@ -177,37 +200,48 @@ def browser():
     except Exception:
         pw.stop()
         raise
-    yield b
-    b.close()
-    pw.stop()
+    try:
+        yield b
+    finally:
+        b.close()
+        pw.stop()
 
 
 @dataclass
 class BrowserUser:
     """A browser context (its own cookies: one person) and its first page."""
 
-    context: object
-    page: object
+    context: BrowserContext
+    page: Page
 
 
-def _user(browser) -> BrowserUser:
+@contextmanager
+def browser_user(browser: Browser) -> Iterator[BrowserUser]:
+    """One person at a laptop-sized window, until the block ends."""
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(15_000)
-    return BrowserUser(context, context.new_page())
+    try:
+        yield BrowserUser(context, context.new_page())
+    finally:
+        context.close()
 
 
 @pytest.fixture(scope="module")
-def admin(browser) -> Iterator[BrowserUser]:
-    u = _user(browser)
-    yield u
-    u.context.close()
+def browser() -> Iterator[Browser]:
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
-def viewer(browser) -> Iterator[BrowserUser]:
-    u = _user(browser)
-    yield u
-    u.context.close()
+def admin(browser: Browser) -> Iterator[BrowserUser]:
+    with browser_user(browser) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def viewer(browser: Browser) -> Iterator[BrowserUser]:
+    with browser_user(browser) as u:
+        yield u
 
 
 @pytest.fixture(scope="session")

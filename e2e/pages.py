@@ -1,10 +1,18 @@
-"""Playwright helpers the browser tests share: navigation and the dashboard's landmarks."""
+"""Playwright helpers the browser tests share: navigation, the dashboard's landmarks, and the
+steps every walk starts with (log in, turn distributed serving on, register nodes).
+
+Everything is found by its visible label or role, as a user finds it.
+"""
 
 from __future__ import annotations
 
 import re
+import time
 
+import pytest
 from playwright.sync_api import Locator, Page, expect
+
+DISCOVERY_MS = 30_000  # zeroconf lists a node within this on a loaded machine
 
 
 def nav(page: Page, name: str) -> None:
@@ -29,3 +37,98 @@ def node_toggle(scope: Page | Locator, name: str) -> Locator:
 def monitor(page: Page) -> Locator:
     """The cluster monitor card."""
     return page.locator("#cluster-monitor")
+
+
+def badge(page: Page, text: str) -> Locator:
+    """The cluster monitor's aggregate health badge reading `text`."""
+    return monitor(page).get_by_text(text, exact=True).first
+
+
+def cluster_rows(page: Page, model: str) -> Locator:
+    """Sessions rows (table rows or list items) of `model` that carry the Cluster badge."""
+    return page.locator("#sessions").locator("tr, li").filter(has=page.get_by_text("Cluster", exact=True)) \
+        .filter(has_text=model)
+
+
+def select_cluster(page: Page, model: str, nodes: tuple[str, ...]) -> None:
+    """Choose `model` and check the given nodes' toggles in the Serve as cluster form."""
+    page.get_by_label("Model", exact=True).select_option(model)
+    for name in nodes:
+        node_toggle(page, name).check()
+
+
+def mark_document(page: Page) -> str:
+    """Tag the loaded document; `same_document` proves later that it was never reloaded."""
+    token = f"doc-{time.monotonic_ns()}"
+    page.evaluate("t => { window.__e2eDocument = t; }", token)
+    return token
+
+
+def same_document(page: Page, token: str) -> None:
+    """Fail unless the page still shows the document `mark_document` tagged with `token`."""
+    assert page.evaluate("() => window.__e2eDocument") == token, "the page was reloaded"
+
+
+def entry(page: Page, component: str, name: str) -> Locator:
+    """The entry (table row or list item) for `name` in a component (e.g. "#nodes")."""
+    return page.locator(component).locator("tr, li").filter(has=page.get_by_text(name, exact=True)).first
+
+
+def node_entry(page: Page, name: str) -> Locator:
+    """Node `name`'s entry in the Nodes card."""
+    return entry(page, "#nodes", name)
+
+
+# --- the steps every walk starts with ------------------------------------------------------
+
+def submit_login(page: Page, token: str) -> None:
+    """Type `token` into the login form on screen and submit it."""
+    page.get_by_label("Token").fill(token)
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_load_state()
+
+
+def log_in(page: Page, url: str, token: str) -> None:
+    """Open the dashboard at `url` (which shows the login form to a stranger) and log in."""
+    page.goto(url)
+    submit_login(page, token)
+
+
+def save_distributed_settings(page: Page, ports: tuple[int, int] | None = None) -> None:
+    """On the Settings page: check "Enable distributed serving", type the transport port range
+    (first, last) when given, and Save. Whether the save was accepted is the caller's to check."""
+    page.get_by_label("Enable distributed serving").check()
+    if ports is not None:
+        page.get_by_label("Transport port range start").fill(str(ports[0]))
+        page.get_by_label("Transport port range end").fill(str(ports[1]))
+    page.get_by_role("button", name="Save").click()
+
+
+def enable_distributed_serving(page: Page, ports: tuple[int, int] | None = None) -> None:
+    """Settings → Enable distributed serving (with that transport port range) → Save."""
+    nav(page, "Settings")
+    save_distributed_settings(page, ports)
+
+
+def add_node(page: Page, name: str, address: str, token: str) -> None:
+    """Add node `name` by its address and pairing token; wait until the Nodes card says Reachable."""
+    page.get_by_label("Address", exact=True).fill(address)
+    page.get_by_label("Pairing token", exact=True).fill(token)
+    page.get_by_role("button", name="Add node").click()
+    expect(node_entry(page, name)).to_contain_text("Reachable")
+
+
+def add_discovered_node(page: Page, name: str, address: str, token: str, timeout_ms: float = DISCOVERY_MS) -> None:
+    """Register node `name` through its discovery hint (zeroconf): its Register button fills the
+    Add node form with the address; the pairing token is still typed. Fails the test when the
+    hint does not appear within `timeout_ms`."""
+    register = page.locator("#nodes li", has_text=address).get_by_role("button", name="Register")
+    try:
+        expect(register).to_be_visible(timeout=timeout_ms)
+    except AssertionError:
+        pytest.fail(f"discovery did not list {name} ({address}) within {timeout_ms / 1000:g} s", pytrace=False)
+    register.click()
+    expect(page.get_by_label("Address", exact=True)).to_have_value(address)
+    page.get_by_label("Pairing token", exact=True).fill(token)
+    page.get_by_role("button", name="Add node").click()
+    expect(node_entry(page, name)).to_contain_text("Reachable")

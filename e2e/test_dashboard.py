@@ -19,7 +19,8 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from e2e.pages import monitor, nav, open_distributed
+from e2e.pages import (add_discovered_node, add_node, enable_distributed_serving, entry, monitor, nav, node_entry,
+                       node_toggle, open_distributed, save_distributed_settings, submit_login)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until  # noqa: F401 (used by the tests here)
 
@@ -39,28 +40,17 @@ def same_document(page: Page, token: str) -> None:
     assert page.evaluate("() => window.__e2eDocument") == token, "the page was reloaded"
 
 
-
-
-
-
 def select_cluster(page: Page, nodes: tuple[str, ...] = ("node-a", "node-b")) -> None:
     """Model SmolLM2 and the given node toggles in the Serve as cluster form."""
     page.get_by_label("Model", exact=True).select_option(MODEL_ID)
     for name in nodes:
-        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
-
-
-def entry(page: Page, component: str, name: str):
-    """The entry (table row or list item) for node `name` in a component."""
-    return page.locator(component).locator("tr, li").filter(has=page.get_by_text(name, exact=True)).first
+        node_toggle(page, name).check()
 
 
 def cluster_rows(page: Page):
     """Sessions rows (table rows or list items) that carry the Cluster badge."""
     return page.locator("#sessions").locator("tr, li").filter(has=page.get_by_text("Cluster", exact=True)) \
         .filter(has_text=MODEL_ID)
-
-
 
 
 def badge(page: Page, text: str):
@@ -75,26 +65,17 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
     page.goto(stack.url)
     expect(page).to_have_url(re.compile(r"/login"))
     shots(page, "01a-login")
-    page.get_by_label("Token").fill("not-the-token")
-    page.get_by_role("button", name="Log in").click()
+    submit_login(page, "not-the-token")
     expect(page.get_by_role("alert")).to_contain_text("not valid")
-    page.get_by_label("Token").fill(stack.demo.admin_token)
-    page.get_by_role("button", name="Log in").click()
+    submit_login(page, stack.demo.admin_token)
     expect(page.get_by_text("Distributed serving is off")).to_be_visible()
     shots(page, "01b-distributed-off")
 
-    nav(page, "Settings")
     first, last = stack.transport
-    page.get_by_label("Enable distributed serving").check()
-    page.get_by_label("Transport port range start").fill(str(last))
-    page.get_by_label("Transport port range end").fill(str(first))
-    page.get_by_role("button", name="Save").click()
+    enable_distributed_serving(page, (last, first))
     expect(page.get_by_role("alert")).to_contain_text("start must not exceed the end")
     assert stack.api_state()["settings"]["distributed_enabled"] is False  # a rejected form changes nothing
-    page.get_by_label("Enable distributed serving").check()
-    page.get_by_label("Transport port range start").fill(str(first))
-    page.get_by_label("Transport port range end").fill(str(last))
-    page.get_by_role("button", name="Save").click()
+    save_distributed_settings(page, (first, last))
     settings = wait_until(lambda: (st := stack.api_state()["settings"])["distributed_enabled"] and st, 10,
                         message="the settings to be saved")
     assert (settings["port_start"], settings["port_end"]) == (first, last)
@@ -114,25 +95,14 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
     open_distributed(page)
     for name in ("node-a", "node-b"):
         node = stack.node(name)
-        page.get_by_label("Address", exact=True).fill(node.address)
-        page.get_by_label("Pairing token", exact=True).fill(node.token)
-        page.get_by_role("button", name="Add node").click()
-        expect(entry(page, "#nodes", name)).to_contain_text("Reachable")
+        add_node(page, name, node.address, node.token)
     # node-c through discovery (zeroconf on 127.0.0.1): a hint that still needs the token.
     c = stack.node("node-c")
-    found = page.locator("#nodes li", has_text=c.address)
-    try:
-        expect(found.get_by_role("button", name="Register")).to_be_visible(timeout=30_000)
-    except AssertionError:
-        pytest.fail(f"zeroconf discovery on 127.0.0.1 did not list {c.name} ({c.address}) within 30 s")
-    found.get_by_role("button", name="Register").click()  # fills the Add node form with its address
-    expect(page.get_by_label("Address", exact=True)).to_have_value(c.address)
-    page.get_by_label("Pairing token", exact=True).fill(c.token)
-    page.get_by_role("button", name="Add node").click()
+    add_discovered_node(page, c.name, c.address, c.token)
     for name in ("node-a", "node-b", "node-c"):
-        expect(entry(page, "#nodes", name)).to_contain_text("Reachable")
+        expect(node_entry(page, name)).to_contain_text("Reachable")
         # the viewer sees every node arrive, live
-        expect(entry(viewer.page, "#nodes", name)).to_contain_text("Reachable")
+        expect(node_entry(viewer.page, name)).to_contain_text("Reachable")
     assert len(stack.api_state()["nodes"]) == 3
     shots(page, "01d-nodes")
 
@@ -144,7 +114,7 @@ def test_2_select_model_and_two_nodes_preview_plan(stack, admin, viewer, shots):
     option = page.get_by_label("Model", exact=True).locator("option", has_text=MODEL_ID)
     expect(option).to_be_enabled()
     for name in ("node-a", "node-b", "node-c"):
-        expect(page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b"))).to_be_enabled()
+        expect(node_toggle(page, name)).to_be_enabled()
     select_cluster(page)
     page.get_by_role("button", name="Preview shard plan").click()
     plan = page.locator("#plan-preview")

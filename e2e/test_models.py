@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from e2e.pages import nav, node_toggle
+from e2e.pages import add_node, enable_distributed_serving, log_in, nav, node_toggle
 from orchestrator.proc import wait_until
 from tests.support.hub import HubStandIn, repo_from_dir
 
@@ -61,25 +61,15 @@ def safetensor_gets(hub: HubStandIn, repo: str) -> int:
 
 def test_1_log_in_and_register_three_nodes(stack, admin, shots):
     page = admin.page
-    page.goto(stack.url + "/login")
-    page.get_by_label("Token").fill(stack.demo.admin_token)
-    page.get_by_role("button", name="Log in").click()
-    nav(page, "Settings")
-    first, last = stack.transport
-    page.get_by_label("Enable distributed serving").check()
-    page.get_by_label("Transport port range start").fill(str(first))
-    page.get_by_label("Transport port range end").fill(str(last))
-    page.get_by_role("button", name="Save").click()
+    log_in(page, stack.url + "/login", stack.demo.admin_token)
+    enable_distributed_serving(page, stack.transport)
     wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings saved")
     nav(page, "Models")
     page.get_by_role("tab", name="Local").click()
     page.wait_for_load_state()
     for name in ("node-a", "node-b", "node-c"):
         node = stack.node(name)
-        page.get_by_label("Address", exact=True).fill(node.address)
-        page.get_by_label("Pairing token", exact=True).fill(node.token)
-        page.get_by_role("button", name="Add node").click()
-        expect(page.locator("#nodes li", has_text=name).first).to_contain_text("Reachable")
+        add_node(page, name, node.address, node.token)
     page.reload()  # the download form lists the nodes it was drawn with
     shots(page, "m01-local")
 

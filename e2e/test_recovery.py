@@ -15,10 +15,10 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from e2e.pages import monitor, nav, node_toggle, open_distributed
+from e2e.pages import add_node, badge, log_in, monitor, nav, node_toggle, open_distributed, save_distributed_settings
+from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
-MODEL_ID = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.incremental
 
 RECORD_HEALTH = """() => {
@@ -32,14 +32,6 @@ RECORD_HEALTH = """() => {
 }"""
 
 
-
-
-
-
-
-
-
-
 def session_pids(stack, session: dict) -> dict[str, int]:
     """PID of each live process of the session, by name, as its agents report them."""
     return {p.node_id: p.pid for c in stack.clients.values() for p in c.processes()
@@ -48,26 +40,16 @@ def session_pids(stack, session: dict) -> dict[str, int]:
 
 def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, shots):
     page = admin.page
-    page.goto(stack.url)
-    page.get_by_label("Token").fill(stack.demo.admin_token)
-    page.get_by_role("button", name="Log in").click()
+    log_in(page, stack.url, stack.demo.admin_token)
     nav(page, "Settings")
     expect(page.get_by_label("Restart failed stages automatically")).to_be_checked()  # on by default
-    first, last = stack.transport
-    page.get_by_label("Enable distributed serving").check()
-    page.get_by_label("Transport port range start").fill(str(first))
-    page.get_by_label("Transport port range end").fill(str(last))
-    page.get_by_role("button", name="Save").click()
+    save_distributed_settings(page, stack.transport)
     wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings to be saved")
     assert stack.api_state()["settings"]["auto_restart"] is True
     open_distributed(page)
     for name in ("node-a", "node-b"):
         node = stack.node(name)
-        page.get_by_label("Address", exact=True).fill(node.address)
-        page.get_by_label("Pairing token", exact=True).fill(node.token)
-        page.get_by_role("button", name="Add node").click()
-        expect(page.locator("#nodes").locator("tr, li").filter(has=page.get_by_text(name, exact=True)).first) \
-            .to_contain_text("Reachable")
+        add_node(page, name, node.address, node.token)
     page.get_by_label("Model", exact=True).select_option(MODEL_ID)
     for name in ("node-a", "node-b"):
         node_toggle(page, name).check()
@@ -76,7 +58,7 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
     page.get_by_role("button", name="Prepare on all nodes").click()
     expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
     page.get_by_role("button", name="Launch cluster").click()
-    expect(monitor(page).get_by_text("Healthy", exact=True).first).to_be_visible(timeout=180_000)
+    expect(badge(page, "Healthy")).to_be_visible(timeout=180_000)
     wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
     shots(page, "r1-healthy")
 

@@ -13,8 +13,9 @@ import re
 import time
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
+from e2e.pages import add_node, log_in, node_toggle, save_distributed_settings
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -35,29 +36,19 @@ RECORD = """() => {
 }"""
 
 
-def log_in(page: Page, stack) -> None:
-    page.goto(stack.url)
-    page.get_by_label("Token").fill(stack.demo.admin_token)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_load_state()
-
-
-def node_toggle(page: Page, name: str):
-    return page.locator("#cluster-form label").filter(has=page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")))
+def node_choice(page: Page, name: str) -> Locator:
+    """Node `name`'s choice in the cluster form: its checkbox with the label (name, free memory)."""
+    return page.locator("#cluster-form label").filter(has=node_toggle(page, name))
 
 
 def test_1_the_distributed_tab_appears_live_when_another_admin_turns_it_on(stack, admin, viewer):
     page, other = admin.page, viewer.page
-    log_in(page, stack)
+    log_in(page, stack.url, stack.demo.admin_token)
     expect(page.get_by_text("Distributed serving is off")).to_be_visible()
     expect(page.get_by_text("Live", exact=True)).to_be_visible(timeout=LIVE)  # the gated page has a live socket
-    log_in(other, stack)
+    log_in(other, stack.url, stack.demo.admin_token)
     other.goto(stack.url + "/settings")
-    first, last = stack.transport
-    other.get_by_label("Enable distributed serving").check()
-    other.get_by_label("Transport port range start").fill(str(first))
-    other.get_by_label("Transport port range end").fill(str(last))
-    other.get_by_role("button", name="Save").click()
+    save_distributed_settings(other, stack.transport)
     expect(other.locator("#settings-status")).to_contain_text("On")
     expect(page.get_by_role("heading", name="Serve as cluster")).to_be_visible(timeout=LIVE)  # no click, no reload by hand
 
@@ -66,15 +57,12 @@ def test_2_sizes_are_binary_units_everywhere(stack, admin):
     page = admin.page
     for name in ("node-a", "node-b"):
         node = stack.node(name)
-        page.get_by_label("Address", exact=True).fill(node.address)
-        page.get_by_label("Pairing token", exact=True).fill(node.token)
-        page.get_by_role("button", name="Add node").click()
-        expect(page.locator("#nodes li", has_text=name)).to_contain_text("Reachable")
+        add_node(page, name, node.address, node.token)
     # 1100M budgets: 1.07 GiB, not "1.2 GB"
-    expect(node_toggle(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) free"), timeout=LIVE)
+    expect(node_choice(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) free"), timeout=LIVE)
     page.get_by_label("Model", exact=True).select_option(MODEL_ID)
     for name in ("node-a", "node-b"):
-        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
+        node_toggle(page, name).check()
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("MiB")
     for component in ("#nodes", "#cluster-form", "#plan-preview"):
@@ -84,20 +72,18 @@ def test_2_sizes_are_binary_units_everywhere(stack, admin):
 
 def test_3_a_live_push_keeps_what_the_user_is_choosing(stack, admin, viewer):
     page = admin.page
-    page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b")).uncheck()  # unsaved: only node-a now
+    node_toggle(page, "node-b").uncheck()  # unsaved: only node-a now
     page.get_by_label("Context length").fill("3072")  # typed, not submitted
     # another admin registers node-c: what the form offers changes and reaches this page live
     other = viewer.page
     other.goto(stack.url + "/models?tab=distributed")
     c = stack.node("node-c")
-    other.get_by_label("Address", exact=True).fill(c.address)
-    other.get_by_label("Pairing token", exact=True).fill(c.token)
-    other.get_by_role("button", name="Add node").click()
-    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-c\b"))).to_be_visible(timeout=LIVE)
-    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-a\b"))).to_be_checked()
-    expect(page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b"))).not_to_be_checked()
+    add_node(other, c.name, c.address, c.token)
+    expect(node_toggle(page, "node-c")).to_be_visible(timeout=LIVE)
+    expect(node_toggle(page, "node-a")).to_be_checked()
+    expect(node_toggle(page, "node-b")).not_to_be_checked()
     expect(page.get_by_label("Context length")).to_have_value("3072")
-    page.get_by_role("checkbox", name=re.compile(r"^\s*node-b\b")).check()
+    node_toggle(page, "node-b").check()
     page.get_by_label("Context length").fill("2048")
 
 

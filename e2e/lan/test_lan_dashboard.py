@@ -16,7 +16,8 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from e2e.conftest import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, ARTIFACTS
+from e2e.conftest import ARTIFACTS, browser_user, chromium
+from e2e.pages import add_discovered_node, add_node, badge, enable_distributed_serving, log_in, node_toggle, open_distributed
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -47,17 +48,10 @@ def lan_stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def page(lan_stack):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()  # started inside the control namespace: so is Chromium
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    context = browser.new_context(viewport=VIEWPORT)
-    context.set_default_timeout(20_000)
-    yield context.new_page()
-    browser.close()
-    pw.stop()
+    # Started inside the control namespace (lan_stack joined it): so is Chromium.
+    with chromium() as browser, browser_user(browser) as user:
+        user.context.set_default_timeout(20_000)
+        yield user.page
 
 
 def api_state(stack: LanStack) -> dict:
@@ -66,34 +60,16 @@ def api_state(stack: LanStack) -> dict:
     return r.json()
 
 
-def node_entry(page, name: str):
-    return page.locator("#nodes").locator("tr, li").filter(has=page.get_by_text(name, exact=True)).first
-
-
 def test_1_nodes_at_their_own_addresses_by_address_and_by_zeroconf(lan_stack, page):
     s = lan_stack
-    page.goto(s.url)
-    page.get_by_label("Token").fill(s.admin_token)
-    page.get_by_role("button", name="Log in").click()
-    page.get_by_role("navigation").get_by_role("link", name="Settings", exact=True).click()
-    page.get_by_label("Enable distributed serving").check()
-    page.get_by_role("button", name="Save").click()
+    log_in(page, s.url, s.admin_token)
+    enable_distributed_serving(page)
     wait_until(lambda: api_state(s)["settings"]["distributed_enabled"], 10, message="distributed serving on")
-    page.get_by_role("navigation").get_by_role("link", name="Models", exact=True).click()
-    page.get_by_role("tab", name="Distributed").click()
+    open_distributed(page)
     a, b, c = s.lan.nodes
     for node in (a, c):
-        page.get_by_label("Address", exact=True).fill(s.address(node))
-        page.get_by_label("Pairing token", exact=True).fill(s.tokens[node.name])
-        page.get_by_role("button", name="Add node").click()
-        expect(node_entry(page, node.name)).to_contain_text("Reachable")
-    found = page.locator("#nodes li", has_text=s.address(b))
-    expect(found.get_by_role("button", name="Register")).to_be_visible(timeout=45_000)  # zeroconf on the bridge
-    found.get_by_role("button", name="Register").click()  # fills the Add node form with its address
-    expect(page.get_by_label("Address", exact=True)).to_have_value(s.address(b))
-    page.get_by_label("Pairing token", exact=True).fill(s.tokens[b.name])
-    page.get_by_role("button", name="Add node").click()
-    expect(node_entry(page, b.name)).to_contain_text("Reachable")
+        add_node(page, node.name, s.address(node), s.tokens[node.name])
+    add_discovered_node(page, b.name, s.address(b), s.tokens[b.name], timeout_ms=45_000)  # zeroconf on the bridge
     urls = sorted(n["url"] for n in api_state(s)["nodes"])
     assert urls == [f"http://{n.ip}:39500" for n in (a, b, c)], urls  # three distinct node IPs
 
@@ -102,7 +78,7 @@ def test_2_plan_preview_shows_measured_links_and_predictions(lan_stack, page):
     s = lan_stack
     page.get_by_label("Model", exact=True).select_option(MODEL_ID)
     for name in ("node-a", "node-b"):
-        page.get_by_role("checkbox", name=re.compile(rf"^\s*{name}\b")).check()
+        node_toggle(page, name).check()
     page.get_by_label("Context length").fill("2048")
     page.get_by_role("button", name="Preview shard plan").click()
     plan = page.locator("#plan-preview")
@@ -137,7 +113,7 @@ def test_3_prepare_launch_and_chat_across_namespaces(lan_stack, page):
     page.get_by_role("button", name="Prepare on all nodes").click()
     expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
     page.get_by_role("button", name="Launch cluster").click()
-    expect(page.locator("#cluster-monitor").get_by_text("Healthy", exact=True).first).to_be_visible(timeout=240_000)
+    expect(badge(page, "Healthy")).to_be_visible(timeout=240_000)
     [session] = api_state(s)["sessions"]
     assert {st["host"] for st in session["stages"]} == {s.lan.nodes[0].ip, s.lan.nodes[1].ip}
     wait_until(lambda: MODEL_ID in [m["id"] for m in requests.get(s.router_url + "/v1/models", timeout=5)
