@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             if clients is not None:
                 clients.stop()
             # Only ports this run listened on: others' tests may take any other port meanwhile.
-            ports = [a.port for a in stack.agents] + [stack.router_port] + sorted(run.ports)
+            router = [stack.router.port] if stack.router is not None else []
+            ports = [a.port for a in stack.agents] + router + sorted(run.ports)
             stack.stop()
         left = leftovers(stack, root, ports)
     violations = report(args, (load0, os.getloadavg()[0]), cold, target, run, clients, monitor, aborted + left,

@@ -8,9 +8,7 @@ an `Orchestrator` over a state directory, so that "the dashboard dies and comes 
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +20,9 @@ from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Session, Settings
 from orchestrator.demo_stack import MODEL_ID
-from orchestrator.proc import ChildProcess, free_port, free_port_block
+from orchestrator.proc import free_port, free_port_block
 from orchestrator.registrar import ConfigFileRegistrar
+from orchestrator.router.local import LocalRouter
 
 AGENT_STARTUP_TIMEOUT_S = 60.0
 
@@ -41,14 +40,14 @@ class Stack:
 
     root: Path
     agents: list[StackAgent] = field(default_factory=list)
-    router: ChildProcess | None = None
-    router_port: int = 0
+    router: LocalRouter | None = None
     orch: Orchestrator | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     @property
     def router_url(self) -> str:
-        return f"http://127.0.0.1:{self.router_port}"
+        assert self.router is not None, "start() first"
+        return self.router.url
 
     @property
     def router_yaml(self) -> Path:
@@ -69,11 +68,7 @@ class Stack:
             self.agents.append(a.start(AGENT_STARTUP_TIMEOUT_S))
         self.router_yaml.write_text(yaml.safe_dump({"backends": [], "health_checks": {
             "enabled": True, "interval": "0.5s", "timeout": "1s", "unhealthy_threshold": 1, "healthy_threshold": 1}}))
-        self.router_port = free_port()
-        self.router = ChildProcess.spawn(
-            "router", [sys.executable, "-m", "orchestrator.cli", "router", "--config", str(self.router_yaml),
-                       "--port", str(self.router_port), "--reload-interval", "0.2"],
-            self.root / "router.log", append=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+        self.router = LocalRouter(self.router_yaml, free_port(), self.root / "router.log", env=self.env).start()
         self.orch = self._control_plane()
         self.orch.update_settings(Settings(distributed_enabled=True, port_start=first, port_end=first + 10 * nodes - 1))
         for a in self.agents:

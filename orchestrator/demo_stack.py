@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .agent.local import SHARED_HOST_BLAS, LocalAgent
 from .proc import ChildError, ChildProcess, free_port, free_port_block, kill_marked, port_free, stop_all
+from .router.local import LocalRouter
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 NODE_NAMES = ("node-a", "node-b", "node-c")
@@ -63,6 +64,7 @@ class Demo:
     settings: dict | None = None  # dashboard settings to start with (e.g. a transport range)
     python: str = sys.executable
     children: list[ChildProcess] = field(default_factory=list)
+    router: LocalRouter | None = None
     admin_token: str | None = None
 
     @classmethod
@@ -157,26 +159,26 @@ class Demo:
             # Logs beside the router's and the dashboard's; die_with_parent for the reason `_spawn` gives.
             node.log_dir, node.die_with_parent, node.python = self.root / "logs", True, self.python
             self.children.append(node.launch().proc)
-        router = self._spawn("router", [*cli, "router", "--config", str(self.router_yaml), "--port",
-                                        str(self.router_port), "--reload-interval", "0.2"])
+        self.router = LocalRouter(self.router_yaml, self.router_port, self.root / "logs" / "router.log",
+                                  env=SHARED_HOST_BLAS, die_with_parent=True, python=self.python)
+        self.children.append(self.router.launch().proc)
         dash_argv = [*cli, "dashboard", "--host", "127.0.0.1", "--port", str(self.dashboard_port),
                      "--state-dir", str(self.dashboard_state), "--router", self.router_url,
                      "--router-config", str(self.router_yaml), "--threads", "32"]
         dash_argv += ["--discovery", "--discovery-interface", "127.0.0.1"] if self.discovery else ["--no-discovery"]
         dashboard = self._spawn("dashboard", dash_argv)
         try:
-            self._wait_up(router, dashboard)
+            self._wait_up(dashboard)
         except ChildError as exc:
             raise DemoError(str(exc)) from None
 
-    def _wait_up(self, router: ChildProcess, dashboard: ChildProcess) -> None:
+    def _wait_up(self, dashboard: ChildProcess) -> None:
         import requests
 
         for node in self.nodes:
             if node.wait_ready(STARTUP_TIMEOUT).token is None:
                 raise ChildError(f"{node.name} printed no pairing token:\n{node.output()}")
-        router.wait_ready(lambda: requests.get(self.router_url + "/health", timeout=1).status_code == 200,
-                          "answer on " + self.router_url, STARTUP_TIMEOUT)
+        self.router.wait_ready(STARTUP_TIMEOUT)
         self.admin_token = dashboard.wait_ready(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token",
                                                 STARTUP_TIMEOUT)
         dashboard.wait_ready(lambda: requests.get(self.dashboard_url + "/login", timeout=2).status_code == 200,
@@ -190,10 +192,11 @@ class Demo:
         """Stop the dashboard, then the agents (which stop their engine processes), then the
         router; finally kill anything left that names the demo's directory. Returns the pids
         of such leftovers (none when every agent cleaned up after itself)."""
-        by_name = {c.name: c for c in self.children}
+        dashboard = [c for c in self.children if c.name == "dashboard"]
         agents = [n.proc for n in self.nodes if n.proc is not None]
-        for group in ([by_name.get("dashboard")], agents, [by_name.get("router")]):
-            stop_all([c for c in group if c is not None], timeout=20.0)
+        router = [self.router.proc] if self.router is not None and self.router.proc is not None else []
+        for group in (dashboard, agents, router):
+            stop_all(group, timeout=20.0)
         self.children.clear()
         return kill_marked(self.marker)
 

@@ -17,6 +17,8 @@ from orchestrator.proc import ChildError, free_port, free_port_block
 from tests.support.agents import AgentProc
 from tests.support.router import RouterProc
 
+ROUTER_STARTUP_TIMEOUT = 15.0
+
 
 @pytest.fixture(scope="session")
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -66,7 +68,8 @@ def start_router(tmp_path: Path) -> Iterator[Callable[..., RouterProc]]:
 
     def start(config_path: Path, reload_interval: float = 0.2) -> RouterProc:
         try:
-            router = RouterProc.start(config_path, tmp_path / f"router{len(started)}.log", reload_interval)
+            router = RouterProc(config_path, free_port(), tmp_path / f"router{len(started)}.log",
+                                reload_interval).start(ROUTER_STARTUP_TIMEOUT)
         except ChildError as exc:
             pytest.fail(str(exc), pytrace=False)
         started.append(router)
@@ -74,4 +77,4 @@ def start_router(tmp_path: Path) -> Iterator[Callable[..., RouterProc]]:
 
     yield start
     for r in started:
-        r.proc.stop(5)
+        r.stop(5)

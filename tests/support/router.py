@@ -1,18 +1,16 @@
-"""A real `pipeserve router` subprocess for tests, and small helpers around routers."""
+"""A real `pipeserve router` subprocess for tests (the product's `LocalRouter`), and small
+helpers around routers."""
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 import yaml
 
-from orchestrator.proc import ChildProcess, free_port
-
-STARTUP_TIMEOUT = 15.0
+from orchestrator.router.local import LocalRouter
 
 
 def write_yaml(path: Path, doc: dict) -> Path:
@@ -28,36 +26,9 @@ def served_requests(base_url: str) -> int:
                                           text, re.M))
 
 
-@dataclass
-class RouterProc:
-    """A running `pipeserve router`."""
-
-    proc: ChildProcess
-    port: int
-    config_path: Path
-
-    @classmethod
-    def start(cls, config_path: Path, log_path: Path, reload_interval: float = 0.2) -> "RouterProc":
-        """Start a router on a free port and wait until its /health answers (ChildError otherwise)."""
-        port = free_port()
-        proc = ChildProcess.spawn("router", [sys.executable, "-m", "orchestrator.cli", "router", "--config",
-                                             str(config_path), "--port", str(port), "--reload-interval",
-                                             str(reload_interval)], log_path)
-        router = cls(proc, port, config_path)
-        try:
-            proc.wait_ready(lambda: requests.get(router.url + "/health", timeout=1).status_code == 200,
-                            "an answer on /health", STARTUP_TIMEOUT, ignore=(requests.RequestException,))
-        except BaseException:
-            proc.stop()
-            raise
-        return router
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def output(self) -> str:
-        return self.proc.output(200)
+@dataclass(eq=False)
+class RouterProc(LocalRouter):
+    """A running `pipeserve router` (the product's LocalRouter) and what tests ask it."""
 
     def health(self) -> dict:
         return requests.get(self.url + "/health", timeout=5).json()
