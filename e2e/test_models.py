@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from e2e.conftest import browser_user
 from e2e.pages import add_node, enable_distributed_serving, log_in, nav, node_toggle
 from orchestrator.proc import wait_until
 from tests.support.hub import HubStandIn, repo_from_dir
@@ -67,11 +68,30 @@ def test_1_log_in_and_register_three_nodes(stack, admin, shots):
     nav(page, "Models")
     page.get_by_role("tab", name="Local").click()
     page.wait_for_load_state()
-    for name in ("node-a", "node-b", "node-c"):
+    for name in ("node-a", "node-b"):
         node = stack.node(name)
         add_node(page, name, node.address, node.token)
-    page.reload()  # the download form lists the nodes it was drawn with
+    form = page.locator("#download-form")
+    expect(node_toggle(form, "node-b")).to_be_visible(timeout=LIVE)  # registered here: offered without a reload
     shots(page, "m01-local")
+
+
+def test_1b_a_node_registered_in_another_browser_appears_in_the_open_form(stack, admin, browser, shots):
+    page = admin.page
+    form = page.locator("#download-form")
+    form.get_by_label("Hub repo id").fill("org/typed-meanwhile")  # typed, not submitted
+    node_toggle(form, "node-a").check()
+    with browser_user(browser) as other:  # another admin registers node-c
+        log_in(other.page, stack.url + "/login", stack.demo.admin_token)
+        other.page.goto(stack.url + "/models?tab=local")
+        c = stack.node("node-c")
+        add_node(other.page, "node-c", c.address, c.token)
+    expect(node_toggle(form, "node-c")).to_be_visible(timeout=LIVE)  # no reload
+    expect(form.get_by_label("Hub repo id")).to_have_value("org/typed-meanwhile")
+    expect(node_toggle(form, "node-a")).to_be_checked()
+    shots(page, "m01b-node-added-live")
+    form.get_by_label("Hub repo id").fill("")
+    node_toggle(form, "node-a").uncheck()
 
 
 def test_2_list_the_hub_files_then_download_to_one_node(stack, admin, hub, shots):

@@ -79,8 +79,8 @@ def models():
         abort(404, description=f"no tab {tab!r}")
     state = current_services().orchestrator.state
     if tab == "local":
-        return _page("pages/models_local.html", ["local-models", "download-form", "model-downloads", "nodes",
-                                                  "add-node"], tab=tab)
+        return _page("pages/models_local.html", ["local-models", "download-form", "download-options",
+                                                  "model-downloads", "nodes", "add-node"], tab=tab)
     # off: only the gate is live, so the tab appears as soon as another admin turns it on
     names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else ["distributed-gate"]
     return _page("pages/models_distributed.html", names, tab=tab)
@@ -100,6 +100,14 @@ def cluster_form():
     choice."""
     form = request.args if "model" in request.args or "context_length" in request.args else None
     return render("cluster-form", current_services().orchestrator.state, view_context(), form=form)
+
+
+@bp.get("/models/download-form")
+def download_form():
+    """The Download model form, fresh, keeping the input it was sent (download-options asks for it
+    when the nodes it offers changed, and swaps in only the node toggles)."""
+    form = request.args if request.args else None
+    return render("download-form", current_services().orchestrator.state, view_context(), form=form)
 
 
 @bp.get("/sessions")

@@ -97,3 +97,34 @@ def test_refusals_are_shown_in_place_and_change_nothing(web: Web):
     viewer = web.client("viewer")
     assert viewer.post("/models/download", data={"repo_id": "org/x"},
                        headers={"X-CSRF-Token": csrf_of(viewer)}).status_code == 403
+
+
+def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_typed(web: Web):
+    """download-options is the form's live digest: pushed when the offered nodes change (a node
+    registered, removed, or unreachable), it fetches the form with the user's input and swaps in
+    only the node toggles (#download-nodes); the fields being typed are never in what it swaps."""
+    from webapp.components import BY_NAME, render
+    from webapp.views.models import download_options_view
+
+    admin_ctx = ViewContext(role="admin")
+    one = web.orch.state.model_copy(update={"nodes": (node("node-a", "fa", []),)})
+    two = one.model_copy(update={"nodes": one.nodes + (node("node-b", "fb", []),)})
+    down = two.model_copy(update={"nodes": (two.nodes[0], node("node-b", "fb", [], reachable=False))})
+    digests = [download_options_view(s, admin_ctx)["digest"] for s in (one, two, down)]
+    assert len(set(digests)) == 3 and download_options_view(two, admin_ctx)["digest"] == digests[1]
+    assert {"node_registered", "node_removed", "node_reported", "node_unreachable"} <= BY_NAME["download-options"].kinds
+    assert not BY_NAME["download-form"].live  # the form itself is never pushed
+
+    with web.app.test_request_context():
+        pushed = parse(render("download-options", two, admin_ctx, oob=True)).by_id("download-options")
+    assert pushed.attrs["hx-get"] == "/models/download-form" and pushed.attrs["hx-include"] == "#download-model"
+    assert pushed.attrs["hx-swap"] == "none" and pushed.attrs["hx-select-oob"] == "#download-nodes"
+
+    web.orch._state = two  # node-b registered after the page loaded
+    page = parse(web.client("admin").get("/models?tab=local").get_data(as_text=True))
+    assert page.by_id("download-options").attrs["data-digest"] == digests[1]
+    typed = {"repo_id": "org/typed-by-hand", "revision": "", "model_id": "mine", "nodes": ["fa"]}
+    fresh = parse(web.client("admin").get("/models/download-form", query_string=typed).get_data(as_text=True))
+    toggles = {i.attrs["value"]: "checked" in i.attrs for i in fresh.by_id("download-nodes").find_all("input")}
+    assert toggles == {"fa": True, "fb": False}  # the new node is offered, the user's choice kept
+    assert fresh.by_id("download-form").find("input", name="repo_id").attrs["value"] == "org/typed-by-hand"

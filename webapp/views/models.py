@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from orchestrator.agent.hub import HubListing
@@ -88,6 +90,13 @@ def download_form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     """The nodes a download can go to."""
     return {"nodes": [{"id": n.id, "name": n.name, "reachable": n.status == "reachable",
                        "disk_free": size(n.report.disk_free_bytes) if n.report else "–"} for n in state.nodes]}
+
+
+def download_options_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """A digest of the nodes the Download model form offers: when it changes, the form's node toggles
+    are fetched again with the user's own input (components.py, download_options.html)."""
+    blob = json.dumps(download_form_view(state, ctx)["nodes"], sort_keys=True).encode()
+    return {"digest": hashlib.sha256(blob).hexdigest()[:16]}
 
 
 def listing_view(listing: HubListing, node_name: str) -> dict[str, Any]:
