@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 PERSISTED = {"settings_changed", "node_registered", "node_removed", "session_created", "launch_stepped",
              "session_registered", "session_faulted", "health_changed", "session_removed", "post_mortem_recorded",
-             "recovery_failed", "session_recovered"}
+             "recovery_failed", "session_recovered", "stage_moved"}
 
 
 class Orchestrator:
@@ -374,7 +374,7 @@ class Orchestrator:
             return
         fault = s.faults[-1]
         problem = Recovery(s, fault.processes, self._agents_for(s), self.registrar, self.post, self.timeouts, secret,
-                           cancel).run()
+                           cancel, state=self._state, agent_for=self.agent).run()  # state: where a stage may move
         if cancel.is_set():
             return
         if problem:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from ..agent.schemas import Report
 from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, PostMortem, Preparation, Sample, Session,
                     Settings, StageStatus, StepState)
+from .state import StagePlacement
 
 
 class Event(BaseModel):
@@ -133,6 +134,17 @@ class PostMortemRecorded(Event):
     kind: Literal["post_mortem_recorded"] = "post_mortem_recorded"
     session_id: str
     post_mortems: tuple[PostMortem, ...]
+
+
+class StageMoved(Event):
+    """A recovery restarts a stage on another node (its own node's agent is unreachable): the
+    session's record follows — where the stage runs, its cluster TOML — and the timeline says so."""
+
+    kind: Literal["stage_moved"] = "stage_moved"
+    session_id: str
+    stage: StagePlacement  # the stage's new placement (same index and layers)
+    config_toml: str  # the cluster TOML with its new address
+    reason: str = ""  # why it left its node
 
 
 class RecoveryFailed(Event):

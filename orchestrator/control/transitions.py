@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import events as ev
 from .download_events import DOWNLOAD_KINDS, apply_download
-from .recovery import recovery_steps
+from .recovery import recovery_steps, stage_moved
 from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
 
 
@@ -165,6 +165,11 @@ def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per ev
             return state
         return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"faults": _last_fault(
             s, post_mortems=s.faults[-1].post_mortems + e.post_mortems)}))
+    if isinstance(e, ev.StageMoved):
+        s = state.session(e.session_id)
+        if s is None or s.phase != "recovering":
+            return state
+        return _replace_session(state, e.session_id, lambda s: stage_moved(s, e))
     if isinstance(e, ev.RecoveryFailed):
         s = state.session(e.session_id)
         if s is None or s.phase != "recovering":

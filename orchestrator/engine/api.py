@@ -20,6 +20,7 @@ from ..logs import EventLogger
 from . import openai_schema as oa
 from .metrics import Metrics
 from .pipeline import Failed, Finished, GenerationParams, NotReady, Pipeline, TokenEvent
+from .routes import ROUTE_PATH, SIGNATURE_HEADER, RouteError, format_address, verify
 
 MAX_BODY = 4 * 1024 * 1024
 EVENT_TIMEOUT = 600.0  # the scheduler always answers; this only guards against a bug hanging a client
@@ -30,12 +31,27 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 class Coordinator:
     """Everything a request handler needs: pipeline, tokenizer, model name, metrics."""
 
-    def __init__(self, pipeline: Pipeline, tokenizer: Any, model_name: str, metrics: Metrics, log: EventLogger) -> None:
+    def __init__(self, pipeline: Pipeline, tokenizer: Any, model_name: str, metrics: Metrics, log: EventLogger,
+                 secret: bytes = b"") -> None:
         self.pipeline = pipeline
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.metrics = metrics
         self.log = log
+        self.secret = secret  # the cluster secret: signs the control plane's stage-address requests
+
+    def move_stage(self, request: Request) -> tuple[int, dict]:
+        """POST ROUTE_PATH: a stage restarted on another node; re-point the pipeline to it (signed)."""
+        if not self.secret:
+            raise OpenAIError(404, "stage moves are not enabled here", code="not_found")
+        try:
+            stage, address = verify(self.secret, request.body_bytes(), request.header(SIGNATURE_HEADER),
+                                    time.time(), len(self.pipeline.links))
+        except RouteError as exc:
+            self.log.warning("route.refused", reason=exc)
+            raise OpenAIError(exc.status, str(exc), code="route_refused") from None
+        self.pipeline.reroute(stage, address)
+        return 200, {"stage": stage, "address": format_address(address)}
 
     def health(self) -> tuple[int, dict]:
         """Status code and body of GET /health."""
@@ -253,6 +269,7 @@ def build_app(c: Coordinator) -> App:
     routes = [
         route("GET", "/health", lambda _: c.health()),
         route("GET", "/v1/models", lambda _: c.models()),
+        route("POST", ROUTE_PATH, c.move_stage),
         route("GET", "/metrics", lambda _: Raw(c.metrics.render().encode(), "text/plain; version=0.0.4")),
         *(route("POST", path, lambda r, k=kind: _completion(c, r, k)) for path, kind in ENDPOINTS.items()),
     ]

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     pipeline = Pipeline(config, secret, set(tokenizer.eos_token_ids), context, log, metrics)
     name = args.model_name or args.model.resolve().name
     try:
-        server = make_server(Coordinator(pipeline, tokenizer, name, metrics, log), args.host, args.port)
+        server = make_server(Coordinator(pipeline, tokenizer, name, metrics, log, secret), args.host, args.port)
     except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
         log.error("config.invalid", reason=exc)
         return 2

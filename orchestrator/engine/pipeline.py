@@ -22,6 +22,7 @@ from .generation import (Failed, Finished, Generation, GenerationParams, Health,
                          TokenEvent)
 from .links import StageLink, now
 from .metrics import Metrics
+from .routes import route_frame
 from .sampling import decode_result
 from .tensors import tokens_frame
 from .watchdog import Watchdog, canary_interval, stall_timeout
@@ -103,6 +104,10 @@ class Pipeline:
         """Stop everything; in-flight requests fail."""
         self._inbox.put(("stop",))
 
+    def reroute(self, index: int, address: tuple[str, int]) -> None:
+        """Stage `index` now listens at `address` (it was restarted on another node; engine/routes.py)."""
+        self._inbox.put(("reroute", index, address))
+
     def submit(self, prompt: list[int], params: GenerationParams) -> Generation:
         """Queue a request; raises NotReady if the pipeline is not healthy."""
         if not self.health.ready:
@@ -135,6 +140,8 @@ class Pipeline:
             self._cancel(item[1])
         elif what == "link_up":
             self._on_link_up(item[1], item[2])
+        elif what == "reroute":
+            self._on_reroute(item[1], item[2])
         elif what == "link_down":
             if self.links[item[1]].conn is item[2]:
                 self._lose(item[1], item[3])
@@ -204,8 +211,20 @@ class Pipeline:
         if all(l.conn is not None for l in self.links):
             # Stale per-request state from before must go. RESET travels down the chain from
             # stage 0, so every stage sees it before the probe's OPEN on the same path.
-            self._send(0, [Frame(Kind.RESET)])
+            # The addresses go first: a stage that moved is then reached by its upstream
+            # neighbour before the RESET and the probe travel the chain.
+            self._send(0, [route_frame([l.address for l in self.links]), Frame(Kind.RESET)])
             self._probe()
+
+    def _on_reroute(self, index: int, address: tuple[str, int]) -> None:
+        link = self.links[index]
+        if address == link.address:
+            return
+        self.log.info("link.moved", stage=link.node_id, address=f"{address[0]}:{address[1]}",
+                      was=f"{link.address[0]}:{link.address[1]}")
+        link.address = address  # the link's next connect goes there
+        if link.conn is not None:  # still the old process (e.g. its node cut off): leave it
+            self._lose(index, f"moved to {address[0]}:{address[1]}")
 
     def _probe(self) -> None:
         """Healthy means generations went through every stage the way requests do, not just open ports."""

@@ -24,6 +24,7 @@ from ..logs import EventLogger
 from . import transport
 from .config import ClusterConfig, NodeSpec
 from .faults import Faults
+from .routes import format_address, next_address
 from .sampling import Sampler
 from .shard import StageModel
 from .tensors import from_frame, to_frame
@@ -269,6 +270,9 @@ class Stage:
         if frame.kind is Kind.RESET:
             self._drop_all("reset by coordinator")
             return [frame] if self.next_node else []
+        if frame.kind is Kind.ROUTE:
+            self._reroute(frame)
+            return [frame] if self.next_node else []  # on to the (possibly new) next stage
         if frame.kind is Kind.OPEN:
             try:
                 sampler = Sampler.from_params(frame.json()) if self.model.last else None
@@ -283,6 +287,22 @@ class Stage:
             return []
         self._publish()
         return [frame] if self.next_node else []
+
+    def _reroute(self, frame: Frame) -> None:
+        """Take the next stage's address from a ROUTE frame: it moved to another node (engine/routes.py)."""
+        try:
+            address = next_address(frame, self.index)
+        except FrameError as exc:
+            self.log.warning("route.malformed", reason=exc)
+            return
+        if self.next_node is None or address is None or address == self.next_node.host_port:
+            return
+        old = self.next_node.address
+        self.next_node = self.next_node.model_copy(update={"address": format_address(address)})
+        if self.downstream is not None:  # it leads to where the stage used to be
+            self.downstream.close()
+            self.downstream = None
+        self.log.info("downstream.moved", peer=self.next_node.address, was=old)
 
     def _forward(self, frames: list[Frame]) -> list[Frame]:
         """Run the layers for FORWARD frames; returns hidden frames (or sends RESULTs if last)."""

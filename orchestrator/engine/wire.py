@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
     PONG = 6
     ERROR = 7     # stage -> coordinator: JSON {"message": ...} about a request
     RESET = 8     # coordinator -> stage: drop every request's state
+    ROUTE = 9     # coordinator -> stages: JSON {"stages": [address, ...]}, a stage moved (engine/routes.py)
 
 
 class DType(enum.IntEnum):

@@ -141,7 +141,7 @@ def test_json_frames_roundtrip(value, kind):
     pytest.param(header(version=0), r"unsupported wire version 0 \(this build speaks 2\)", id="version-0"),
     pytest.param(header(version=3), r"unsupported wire version 3", id="version-3"),
     pytest.param(header(kind=0), r"unknown frame kind 0", id="kind-0"),
-    pytest.param(header(kind=9), r"unknown frame kind 9", id="kind-9"),
+    pytest.param(header(kind=10), r"unknown frame kind 10", id="kind-10"),
     pytest.param(header(kind=255), r"unknown frame kind 255", id="kind-255"),
     pytest.param(header(dtype=5), r"or dtype 5", id="dtype-5"),
     pytest.param(header(dtype=200), r"or dtype 200", id="dtype-200"),

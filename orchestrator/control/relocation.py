@@ -1,0 +1,136 @@
+"""Where a stage goes when its own node cannot take it back (pure).
+
+A stage whose node's agent vanished cannot be restarted there. Another registered node may
+take it when it is reachable, holds the session's model (listed in its report, the same
+manifest as the session's nodes report) and has room: a free port of the dashboard's range
+and free memory for the stage's layer range — weights, KV cache and process overhead, the
+planner's own estimate (`planner.memory.StageCosts`). Nodes outside the session are
+preferred; a node that already serves the session may take the stage only when its free
+memory (which already counts what it runs) fits it too.
+
+`choose_node` decides; `moved_toml` writes the cluster TOML with the stage's new address.
+The I/O (starting it, telling the coordinator) is `recovery.py`'s.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..agent.schemas import ModelInfo
+from ..engine.config import ClusterConfig
+from ..planner import PlanSettings
+from ..planner.cluster_toml import engine_address, render_cluster_toml
+from ..planner.memory import StageCosts
+from ..units import format_bytes
+from .state import Node, Session, Settings, StagePlacement
+
+DEFAULT_CONTEXT = 4096  # a session without a plan's numbers (single-node, tests): the plan form's defaults
+DEFAULT_CONCURRENCY = 4
+
+
+@dataclass(frozen=True)
+class Move:
+    """Stage `index` goes to this node, listening on host:port."""
+
+    index: int
+    node_id: str
+    node_name: str
+    host: str
+    port: int
+
+    def placement(self, old: StagePlacement) -> StagePlacement:
+        """The stage's placement on its new node (same layers)."""
+        return old.model_copy(update={"node_id": self.node_id, "node_name": self.node_name, "host": self.host,
+                                      "port": self.port})
+
+
+def plan_numbers(toml: str) -> tuple[int, int]:
+    """(context length, concurrent sequences) the session was planned for, from its cluster TOML."""
+    try:
+        cluster = ClusterConfig.model_validate(tomllib.loads(toml)).cluster if toml else None
+    except (tomllib.TOMLDecodeError, ValueError):
+        cluster = None
+    if cluster is None or cluster.context_length is None:
+        return DEFAULT_CONTEXT, DEFAULT_CONCURRENCY
+    return cluster.context_length, cluster.max_requests
+
+
+def stage_bytes(model: ModelInfo, stage: StagePlacement, toml: str) -> int | None:
+    """Memory the stage needs on a node that does not run the coordinator (None: unknown model layout)."""
+    if model.description is None:
+        return None
+    context, concurrency = plan_numbers(toml)
+    costs = StageCosts(model.description, PlanSettings(context_length=context, max_concurrent_sequences=concurrency))
+    return costs.total_bytes(stage.first_layer, stage.last_layer + 1, runs_coordinator=False)
+
+
+def _holds(node: Node, model: ModelInfo) -> bool:
+    assert node.report is not None
+    mine = next((m for m in node.report.models if m.id == model.id), None)
+    if mine is None or not mine.mlx_format:
+        return False
+    # Same files as the session's nodes: a model of the same name but other weights would
+    # serve other answers (manifests are compared when both sides have one).
+    return mine.manifest is None or model.manifest is None or mine.manifest == model.manifest
+
+
+def _refusal(node: Node, session: Session, model: ModelInfo, need: int | None, settings: Settings,
+             failed: str) -> str | int:
+    """Why `node` cannot take the stage, or the port it would listen on."""
+    if node.id == failed:
+        return "the stage's own node (its agent is unreachable)"
+    if node.report is None or node.status != "reachable":
+        return f"unreachable ({node.error or 'no report'})"
+    if not _holds(node, model):
+        return f"does not hold {model.id} (prepare it there first)"
+    taken = {st.port for st in session.stages if st.node_id == node.id}
+    if session.coordinator_node == node.id:
+        taken.add(session.coordinator_port)
+    ports = [p for p in node.report.transport_ports.free
+             if settings.port_start <= p <= settings.port_end and p not in taken]
+    if not ports:
+        return f"no free transport port in {settings.port_start}–{settings.port_end}"
+    free = node.report.memory.free_bytes
+    if need is not None and free < need:
+        return f"{format_bytes(free)} free, the stage needs {format_bytes(need)}"
+    return ports[0]
+
+
+def choose_node(session: Session, index: int, nodes: Sequence[Node], model: ModelInfo, settings: Settings,
+                failed: str) -> Move | str:
+    """The node that takes stage `index` of `session` (its node `failed` is gone), or why none can."""
+    stage = session.stages[index]
+    need = stage_bytes(model, stage, session.config_toml)
+    members = set(session.node_ids)
+    # Outside the session first (the session's nodes already carry their share), then the
+    # most free memory: the stage's KV cache grows into it.
+    order = sorted(nodes, key=lambda n: (n.id in members,
+                                         -(n.report.memory.free_bytes if n.report is not None else 0), n.name))
+    refused = []
+    for node in order:
+        verdict = _refusal(node, session, model, need, settings, failed)
+        if isinstance(verdict, int):
+            return Move(index=index, node_id=node.id, node_name=node.name, host=node.host, port=verdict)
+        refused.append(f"{node.name}: {verdict}")
+    what = f"stage {index} (layers {stage.first_layer}–{stage.last_layer}" + (
+        f", needs {format_bytes(need)})" if need is not None else ")")
+    if not refused:
+        return f"no registered node can take {what}: there is no other node"
+    return f"no registered node can take {what}: " + "; ".join(refused)
+
+
+def moved_toml(toml: str, move: Move) -> str:
+    """The cluster TOML with stage `move.index` at its new address (everything else unchanged)."""
+    config = ClusterConfig.model_validate(tomllib.loads(toml))
+    name = f"stage-{move.index}"
+    nodes = [n.model_copy(update={"address": engine_address(move.host, move.port)}) if n.id == name else n
+             for n in config.nodes]
+    # Validated again: two nodes on one address would be refused here, before anything starts.
+    moved = ClusterConfig.model_validate({**config.model_dump(exclude_none=True),
+                                          "nodes": [n.model_dump(exclude_none=True) for n in nodes]})
+    return render_cluster_toml(moved)
+
+
+__all__ = ["Move", "choose_node", "moved_toml", "plan_numbers", "stage_bytes"]

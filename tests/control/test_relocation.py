@@ -1,0 +1,131 @@
+"""Choosing the node that takes a stage whose own node is gone, and recording the move (pure)."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from orchestrator.agent.schemas import Accelerator, FileEntry, Manifest, Memory, ModelInfo, Ports, Report
+from orchestrator.control import events as ev
+from orchestrator.control.launcher import cluster_toml
+from orchestrator.control.recovery import recovery_steps, stage_moved
+from orchestrator.control.relocation import Move, choose_node, moved_toml, stage_bytes
+from orchestrator.control.state import Fault, Node, Session, Settings, StagePlacement
+from tests.planner.support import uniform
+
+MB = 1 << 20
+SETTINGS = Settings(port_start=39600, port_end=39629)
+DESCRIPTION = uniform(4, layer_bytes=100 * MB)
+MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=1, sha256="a" * 64)})
+OTHER_MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=1, sha256="b" * 64)})
+MODEL = ModelInfo(id="tiny", mlx_format=True, supported=True, num_layers=4, manifest=MANIFEST, description=DESCRIPTION)
+
+
+def host(name: str) -> str:
+    """node-a at 10.0.0.1, node-b at 10.0.0.2, ..."""
+    return f"10.0.0.{ord(name[-1]) - ord('a') + 1}"
+
+
+def node(name: str, free_mb: int = 4000, *, models: tuple[ModelInfo, ...] = (MODEL,), reachable: bool = True,
+         ports: tuple[int, ...] = tuple(range(39600, 39610))) -> Node:
+    report = Report(name=name, fingerprint=f"fp-{name}", version="0.1.0",
+                    accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={}, platform={},
+                    memory=Memory(total_bytes=free_mb * MB, available_bytes=free_mb * MB, budget_bytes=None,
+                                  processes_rss_bytes=0, free_bytes=free_mb * MB),
+                    disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(ports)),
+                    models=list(models), processes=[], downloads=[])
+    return Node(id=f"fp-{name}", name=name, url=f"http://{host(name)}:39500", credential="c",
+                status="reachable" if reachable else "unreachable", error=None if reachable else "connection refused",
+                report=report)
+
+
+def session() -> Session:
+    stages = tuple(StagePlacement(index=i, node_id=f"fp-node-{n}", node_name=f"node-{n}", first_layer=2 * i,
+                                  last_layer=2 * i + 1, host=host(f"node-{n}"), port=39600)
+                   for i, n in enumerate("ab"))
+    s = Session(id="s1", name="tiny-2stage", model_id="tiny", model_name="tiny", cluster=True, stages=stages,
+                coordinator_node="fp-node-a", coordinator_host=host("node-a"), coordinator_port=39601)
+    return s.model_copy(update={"config_toml": cluster_toml(s)})
+
+
+NEED_MB = stage_bytes(MODEL, session().stages[1], "") // MB + 1  # what stage 1 needs, rounded up
+
+
+@pytest.mark.parametrize("nodes, expected", [
+    # a spare node with the model and room takes it
+    ([node("node-a"), node("node-b"), node("node-c")], "node-c"),
+    # outside the session before the session's own nodes, even with less memory
+    ([node("node-a", 90000), node("node-b"), node("node-c", NEED_MB)], "node-c"),
+    # among spare nodes, the one with the most free memory
+    ([node("node-a"), node("node-b"), node("node-c", NEED_MB), node("node-d", NEED_MB * 2)], "node-d"),
+    # no spare node fits: a node of the session whose free memory fits it
+    ([node("node-a", NEED_MB), node("node-b"), node("node-c", NEED_MB - 2)], "node-a"),
+    # spare nodes that cannot: unreachable, without the model, other weights, no port
+    ([node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=()),
+      node("node-e", models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)), node("node-f", ports=())],
+     "no registered node can take stage 1 (layers 2–3"),
+    # the failed node itself, even if its last report looks fine, is never chosen
+    ([node("node-b")], "node-b: the stage's own node (its agent is unreachable)"),
+])
+def test_choose_node(nodes: list[Node], expected: str) -> None:
+    choice = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="fp-node-b")
+    if isinstance(choice, Move):
+        assert choice.node_name == expected and choice.index == 1
+        assert SETTINGS.port_start <= choice.port <= SETTINGS.port_end
+    else:
+        assert expected in choice, choice
+
+
+def test_a_refusal_says_why_for_every_node() -> None:
+    nodes = [node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=()),
+             node("node-e", models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)), node("node-f", ports=())]
+    why = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="fp-node-b")
+    assert isinstance(why, str)
+    for part in ("node-a: 1.0 MiB free, the stage needs", "node-b: the stage's own node", "node-c: unreachable",
+                 "node-d: does not hold tiny", "node-e: does not hold tiny", "node-f: no free transport port"):
+        assert part in why, why
+
+
+def test_a_port_the_session_already_uses_on_that_node_is_not_reused() -> None:
+    choice = choose_node(session(), 1, [node("node-a", ports=(39600, 39601, 39602))], MODEL, SETTINGS, "fp-node-b")
+    assert isinstance(choice, Move) and choice.port == 39602  # 39600: stage 0, 39601: the coordinator
+
+
+def test_the_need_counts_the_kv_cache_the_session_was_planned_for() -> None:
+    s = session()
+    small = stage_bytes(MODEL, s.stages[1], s.config_toml.replace("[cluster]", "[cluster]\ncontext_length = 1024"))
+    large = stage_bytes(MODEL, s.stages[1], s.config_toml.replace("[cluster]", "[cluster]\ncontext_length = 65536"))
+    assert small is not None and large is not None and small < large
+    assert small >= 2 * 100 * MB  # at least its two layers' weights
+
+
+def test_moved_toml_changes_only_that_stage_address() -> None:
+    s = session()
+    move = Move(index=1, node_id="fp-node-c", node_name="node-c", host="10.0.0.9", port=39605)
+    before, after = tomllib.loads(s.config_toml), tomllib.loads(moved_toml(s.config_toml, move))
+    assert [n for n in after["nodes"] if n["id"] == "stage-1"][0]["address"] == "10.0.0.9:39605"
+    assert [n for n in after["nodes"] if n["id"] != "stage-1"] == [n for n in before["nodes"] if n["id"] != "stage-1"]
+    assert after["cluster"] == before["cluster"]
+
+
+def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
+    s = session()
+    s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 1,
+                             "faults": (Fault(at=1.0, reason="agent unreachable", processes=("stage-1",),
+                                              outcome="recovering", attempts=1),)})
+    s = s.model_copy(update={"timeline": recovery_steps(s, ("stage-1",), 1, 1)})
+    move = Move(index=1, node_id="fp-node-c", node_name="node-c", host="10.0.0.9", port=39605)
+    moved = stage_moved(s, ev.StageMoved(session_id=s.id, stage=move.placement(s.stages[1]),
+                                         config_toml=moved_toml(s.config_toml, move), reason="node-b: unreachable"))
+    assert moved.stages[1].node_name == "node-c" and moved.stages[1].port == 39605
+    assert moved.stages[1].first_layer == 2 and moved.stages[0] == s.stages[0]
+    assert "10.0.0.9:39605" in moved.config_toml and "fp-node-b" not in moved.node_ids
+    keys = [st.key for st in moved.timeline]
+    assert keys.index("recovery-1.1.stage-1.move") == keys.index("recovery-1.1.stage-1.stop") + 1
+    assert keys.index("recovery-1.1.stage-1.route") == keys.index("recovery-1.1.stage-1.listen") + 1
+    step = {st.key: st for st in moved.timeline}
+    assert "stage 1 moved to node-c" in step["recovery-1.1.stage-1.move"].label
+    assert step["recovery-1.1.stage-1.move"].state == "done"
+    assert "node-c" in step["recovery-1.1.stage-1.start"].label
+    assert moved.faults == s.faults  # the fault stays in the history as it was
