@@ -1,45 +1,42 @@
 """Components: one template per component, one stable element id, one view model.
 
 The same `render()` produces the first page render, the htmx response to an action and
-the websocket push, so the three can never drift apart. Each live component names the event
-kinds that change it; the live socket re-renders only those. Only display components are
+the websocket push, so the three can never drift apart. Which events change a live component
+is declared by the event classes themselves (`touches`, orchestrator/control/events.py); the
+live socket re-renders only those. Only display components are
 live: a form is re-rendered by its own actions, and a display component tells it when what
 it offers changed (cluster-options), so a push never replaces what a user is typing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flask import render_template
 
+from orchestrator.control.events import kinds_touching
 from orchestrator.control.state import State
-
-from orchestrator.control.download_events import DOWNLOAD_KINDS
 
 from .views import cluster, models, nodes, plan, sessions, settings
 from .views.context import ViewContext
 
-ALL = "*"
-RECOVERY_KINDS = ("post_mortem_recorded", "recovery_failed", "session_recovered")
 
 
 @dataclass(frozen=True)
 class Component:
-    """A piece of a page. A live one (`kinds` not empty) is pushed again when those events
-    change its HTML; a form is never live (a push would replace what the user is typing): it is
-    rendered by its page and by its own actions' answers."""
+    """A piece of a page. A live one is pushed again when an event that touches it (the event
+    class's `touches`) changes its HTML; a form is never live (a push would replace what the
+    user is typing): it is rendered by its page and by its own actions' answers."""
 
     name: str  # the root element's id
     template: str
     view: Callable[[State, ViewContext], dict[str, Any]]
-    kinds: frozenset[str]
+    live: bool = False  # whether websockets push it
+    kinds: frozenset[str] = field(init=False)  # the event kinds that change it (none for a form)
 
-    @property
-    def live(self) -> bool:
-        """Whether websockets push it."""
-        return bool(self.kinds)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", kinds_touching(self.name) if self.live else frozenset())
 
 
 def _nothing(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -50,41 +47,26 @@ def _gate(state: State, ctx: ViewContext) -> dict[str, Any]:
     return {"enabled": state.settings.distributed_enabled}
 
 
-CLUSTER_CHOICE_KINDS = frozenset({"settings_changed", "node_registered", "node_removed", "node_reported",
-                                  "node_unreachable", "plan_previewed", "preparation_started", "preparation_finished",
-                                  "session_created", "session_removed"})
-
-MODEL_LIST_KINDS = frozenset({"node_registered", "node_removed", "node_reported", "node_unreachable",
-                              "session_created", "health_changed", "session_removed", "preparation_finished",
-                              "preparation_progressed"}) | DOWNLOAD_KINDS
-
 COMPONENTS: tuple[Component, ...] = (
-    Component("settings-form", "components/settings_form.html", settings.settings_view, frozenset()),
-    Component("settings-status", "components/settings_status.html", settings.settings_view,
-              frozenset({"settings_changed"})),
+    Component("settings-form", "components/settings_form.html", settings.settings_view),
+    Component("settings-status", "components/settings_status.html", settings.settings_view, live=True),
     # the Distributed tab's page swaps itself when distributed serving is turned on or off
-    Component("distributed-gate", "components/distributed_gate.html", _gate, frozenset({"settings_changed"})),
-    Component("nodes", "components/nodes.html", nodes.nodes_view,
-              frozenset({"node_registered", "node_removed", "node_reported", "node_unreachable", "node_discovered",
-                         "node_vanished", "session_created", "session_removed"})),
-    Component("add-node", "components/add_node.html", _nothing, frozenset()),
-    Component("cluster-form", "components/cluster_form.html", cluster.form_view, frozenset()),
+    Component("distributed-gate", "components/distributed_gate.html", _gate, live=True),
+    Component("nodes", "components/nodes.html", nodes.nodes_view, live=True),
+    Component("add-node", "components/add_node.html", _nothing),
+    Component("cluster-form", "components/cluster_form.html", cluster.form_view),
     # what the form offers changed: the form asks for itself again, with the user's own input
-    Component("cluster-options", "components/cluster_options.html", cluster.options_view, CLUSTER_CHOICE_KINDS),
-    Component("plan-preview", "components/plan_preview.html", plan.plan_view, frozenset({"plan_previewed"})),
-    Component("prepare-status", "components/prepare_status.html", cluster.prepare_view,
-              frozenset({"preparation_started", "preparation_progressed", "preparation_finished"})),
-    Component("cluster-monitor", "components/cluster_monitor.html", cluster.monitor_view,
-              frozenset({"session_created", "launch_stepped", "session_registered", "session_observed",
-                         "session_faulted", "health_changed", "session_removed", *RECOVERY_KINDS})),
-    Component("sessions", "components/sessions.html", sessions.sessions_view,
-              frozenset({"session_created", "session_registered", "session_observed", "session_faulted",
-                         "health_changed", "session_removed", "launch_stepped", *RECOVERY_KINDS})),
+    Component("cluster-options", "components/cluster_options.html", cluster.options_view, live=True),
+    Component("plan-preview", "components/plan_preview.html", plan.plan_view, live=True),
+    Component("prepare-status", "components/prepare_status.html", cluster.prepare_view, live=True),
+    Component("cluster-monitor", "components/cluster_monitor.html", cluster.monitor_view, live=True),
+    Component("sessions", "components/sessions.html", sessions.sessions_view, live=True),
     # Models → Local: the models on every node, the hub download form (not live) and its progress
-    Component("local-models", "components/local_models.html", models.models_view, MODEL_LIST_KINDS),
-    Component("download-form", "components/download_form.html", models.download_form_view, frozenset()),
-    Component("model-downloads", "components/model_downloads.html", models.downloads_view,
-              DOWNLOAD_KINDS | {"node_registered", "node_removed"}),
+    Component("local-models", "components/local_models.html", models.models_view, live=True),
+    Component("download-form", "components/download_form.html", models.download_form_view),
+    # the nodes the download form offers changed: the form's node toggles are fetched again, with the user's input
+    Component("download-options", "components/download_options.html", models.download_options_view, live=True),
+    Component("model-downloads", "components/model_downloads.html", models.downloads_view, live=True),
 )
 BY_NAME = {c.name: c for c in COMPONENTS}
 
@@ -103,4 +85,4 @@ def render(name: str, state: State, ctx: ViewContext, oob: bool = False, error: 
 
 def affected(kind: str, names: list[str]) -> list[str]:
     """Which of these (live) components an event kind changes."""
-    return [n for n in names if n in BY_NAME and (kind in BY_NAME[n].kinds or ALL in BY_NAME[n].kinds)]
+    return [n for n in names if n in BY_NAME and kind in BY_NAME[n].kinds]

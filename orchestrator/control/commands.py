@@ -1,14 +1,129 @@
-"""What the orchestrator's commands share: their refusal, node addresses, session ids."""
+"""Commands: what a user or a worker asks the control plane to do, as frozen values.
+
+A command is decided on the orchestrator thread by the pure `decide.decide` (which holds
+every rule) against the state of that moment; the Orchestrator's public methods only build
+one and wait for the decision. Anything a command needs from outside the state — a paired
+node, a new session id, the time — is done or drawn by the caller first and carried here,
+so deciding stays pure. Also here: the refusal every command may raise, node addresses and
+session ids.
+"""
 
 from __future__ import annotations
 
 import socket
 import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit
+
+from .state import Node, Session, Settings
+
+if TYPE_CHECKING:
+    from .download_state import HubRef
+
+Split = tuple[tuple[int, int], ...]  # a manual split: inclusive (first, last) layer range per stage
 
 
 class CommandRefused(ValueError):
     """A command that would break a rule; nothing changed. The message says why."""
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Store the distributed-serving settings."""
+
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class AddNode:
+    """Add (or replace) a registered node; the caller has already paired with its agent."""
+
+    node: Node
+
+
+@dataclass(frozen=True)
+class RemoveNode:
+    """Forget a node."""
+
+    node_id: str
+
+
+@dataclass(frozen=True)
+class PrepareModel:
+    """Get a model onto every selected node (from a holder, or once from the hub)."""
+
+    model_id: str
+    node_ids: tuple[str, ...]
+    hub: "HubRef | None" = None
+
+
+@dataclass(frozen=True)
+class PreviewPlan:
+    """Plan (nothing starts) and show the result to every viewer; with `measure`, measure
+    what the plan lacks afterwards and preview again."""
+
+    model_id: str
+    node_ids: tuple[str, ...]
+    context_length: int = 4096
+    concurrency: int = 4
+    manual_split: Split | None = None
+    measure: bool = True
+
+
+@dataclass(frozen=True)
+class LaunchCluster:
+    """Plan a cluster over the prepared nodes and launch it as session `session_id`."""
+
+    model_id: str
+    node_ids: tuple[str, ...]
+    session_id: str
+    now: float  # the session's created_at
+    context_length: int = 4096
+    concurrency: int = 4
+    manual_split: Split | None = None
+
+
+@dataclass(frozen=True)
+class LaunchSingle:
+    """Serve the whole model from one node as session `session_id`."""
+
+    model_id: str
+    node_id: str
+    session_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class LaunchSession:
+    """Launch a session whose placements are already made (`planning`, tests)."""
+
+    session: Session
+    model_id: str
+    now: float
+
+
+@dataclass(frozen=True)
+class StopSession:
+    """Stop a live session (cancel its launch, or tear it down)."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class ResumeSession:
+    """After a dashboard restart: what one look at a persisted session found (posted by the
+    worker that looked), for `decide` to re-adopt, repair or clean it up."""
+
+    session_id: str
+    seen_phase: str  # the phase it had when looked at: a session that moved on since is left alone
+    problem: str  # "" when the pipeline serves
+    culprits: tuple[str, ...]  # the processes to replace for it ("stage-1", "coordinator")
+    at: float
+
+
+Command = Union[UpdateSettings, AddNode, RemoveNode, PrepareModel, PreviewPlan, LaunchCluster, LaunchSingle,
+                LaunchSession, StopSession, ResumeSession]
 
 
 def agent_url(address: str) -> str:

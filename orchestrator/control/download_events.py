@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from .download_state import DownloadPhase, ModelDownload, NodeDownload
-from .events import Event
+from .events import LOCAL_MODELS, MODEL_DOWNLOADS, Event
 from .state import State
 
 KEPT = 8  # finished downloads kept for the dashboard (running ones are always kept)
@@ -15,6 +15,8 @@ class ModelDownloadStarted(Event):
     """A download was requested (or resumed after a dashboard restart)."""
 
     kind: Literal["model_download_started"] = "model_download_started"
+    persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     download: ModelDownload
 
 
@@ -22,6 +24,8 @@ class ModelDownloadProgressed(Event):
     """A target node's status or byte counts changed."""
 
     kind: Literal["model_download_progressed"] = "model_download_progressed"
+    persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     node: NodeDownload
 
@@ -30,6 +34,8 @@ class ModelDownloadListed(Event):
     """The hub's listing pinned the commit and the size."""
 
     kind: Literal["model_download_listed"] = "model_download_listed"
+    persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     commit: str
     total_bytes: int
@@ -40,13 +46,11 @@ class ModelDownloadFinished(Event):
     """Every target is verified, or the download failed or was cancelled."""
 
     kind: Literal["model_download_finished"] = "model_download_finished"
+    persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     phase: DownloadPhase
     error: str = ""
-
-
-DOWNLOAD_KINDS = frozenset({"model_download_started", "model_download_progressed", "model_download_listed",
-                            "model_download_finished"})
 
 
 def _replace(state: State, model_id: str, fn) -> State:

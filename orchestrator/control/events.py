@@ -1,47 +1,105 @@
 """Events: what happened, in the past tense. The only way state changes, and what the UI pushes.
 
-Workers post events to the orchestrator's inbox; the orchestrator applies them
-(`transitions.apply`) and publishes them to every subscriber through one `EventBus`.
+Workers post events to the orchestrator's inbox and `decide` returns them for commands; the
+orchestrator applies them (`transitions.apply`) and publishes them to every subscriber
+through one `EventBus`.
+
+Every event class declares, next to its fields, what follows from it besides the state
+change: `persisted` (the orchestrator saves the state after it, `store.py`) and `touches`
+(the ids of the dashboard's live components whose HTML it can change; `webapp/components.py`
+derives each component's event kinds from these). A renamed or new event therefore carries
+its own answer to "is it saved, what does it refresh", and a test checks every class says.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from ..agent.schemas import Report
-from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, PostMortem, Preparation, Sample, Session,
-                    Settings, StageStatus, StepState)
+from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, PostMortem, Preparation, PreviewedPlan,
+                    Sample, Session, Settings, StageStatus, StepState)
 from .state import StagePlacement
+
+# Ids of the dashboard's live components (their root elements' ids, webapp/components.py).
+SETTINGS_STATUS = "settings-status"
+DISTRIBUTED_GATE = "distributed-gate"
+NODES = "nodes"
+CLUSTER_OPTIONS = "cluster-options"  # what the Serve-as-cluster form offers changed
+PLAN_PREVIEW = "plan-preview"
+PREPARE_STATUS = "prepare-status"
+CLUSTER_MONITOR = "cluster-monitor"
+SESSIONS = "sessions"
+LOCAL_MODELS = "local-models"
+MODEL_DOWNLOADS = "model-downloads"
+DOWNLOAD_OPTIONS = "download-options"  # the nodes the Download model form offers changed
+SESSION_VIEWS = (CLUSTER_MONITOR, SESSIONS)  # both show a session's phase, health, timeline and faults
+LIVE_COMPONENTS = frozenset({SETTINGS_STATUS, DISTRIBUTED_GATE, NODES, CLUSTER_OPTIONS, PLAN_PREVIEW, PREPARE_STATUS,
+                             CLUSTER_MONITOR, SESSIONS, LOCAL_MODELS, MODEL_DOWNLOADS, DOWNLOAD_OPTIONS})
 
 
 class Event(BaseModel):
-    """Base of all events."""
+    """Base of all events. Each concrete class sets `kind` and both ClassVars below."""
 
     model_config = ConfigDict(frozen=True)
     kind: str
+    persisted: ClassVar[bool]  # save the state after applying it (what must survive a restart)
+    touches: ClassVar[frozenset[str]]  # live components (ids above) whose HTML it can change
+
+
+def event_classes() -> tuple[type[Event], ...]:
+    """Every concrete event class, the download events included (their module is imported here)."""
+    from . import download_events  # noqa: F401 (defines Event subclasses)
+
+    found: list[type[Event]] = []
+    todo = list(Event.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return tuple(found)
+
+
+def kind_of(cls: type[Event]) -> str:
+    """The `kind` string an event class carries (its field's default)."""
+    return str(cls.model_fields["kind"].default)
+
+
+def kinds_touching(component: str) -> frozenset[str]:
+    """The event kinds that change a live component (what its websocket push listens for)."""
+    return frozenset(kind_of(cls) for cls in event_classes() if component in cls.touches)
 
 
 class SettingsChanged(Event):
     kind: Literal["settings_changed"] = "settings_changed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({SETTINGS_STATUS, DISTRIBUTED_GATE, CLUSTER_OPTIONS})
     settings: Settings
 
 
 class NodeRegistered(Event):
     kind: Literal["node_registered"] = "node_registered"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, MODEL_DOWNLOADS,
+                                                   DOWNLOAD_OPTIONS})
     node: Node
 
 
 class NodeRemoved(Event):
     kind: Literal["node_removed"] = "node_removed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, MODEL_DOWNLOADS,
+                                                   DOWNLOAD_OPTIONS})
     node_id: str
 
 
 class NodeReported(Event):
     kind: Literal["node_reported"] = "node_reported"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS})
     node_id: str
     report: Report
     at: float
@@ -49,6 +107,8 @@ class NodeReported(Event):
 
 class NodeUnreachable(Event):
     kind: Literal["node_unreachable"] = "node_unreachable"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS})
     node_id: str
     error: str
     at: float
@@ -56,44 +116,58 @@ class NodeUnreachable(Event):
 
 class NodeDiscovered(Event):
     kind: Literal["node_discovered"] = "node_discovered"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({NODES})
     node: DiscoveredNode
 
 
 class NodeVanished(Event):
     kind: Literal["node_vanished"] = "node_vanished"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({NODES})
     fingerprint: str
 
 
 class PlanPreviewed(Event):
     kind: Literal["plan_previewed"] = "plan_previewed"
-    model_id: str
-    node_ids: tuple[str, ...]
-    plan: dict[str, Any]  # the planner's Plan or Refusal, as JSON
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({CLUSTER_OPTIONS, PLAN_PREVIEW})
+    plan: PreviewedPlan  # the planner's Plan or Refusal, with what it was asked for
 
 
 class PreparationStarted(Event):
     kind: Literal["preparation_started"] = "preparation_started"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({CLUSTER_OPTIONS, PREPARE_STATUS})
     preparation: Preparation
 
 
 class PreparationProgressed(Event):
     kind: Literal["preparation_progressed"] = "preparation_progressed"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({PREPARE_STATUS, LOCAL_MODELS})
     node: NodePreparation
 
 
 class PreparationFinished(Event):
     kind: Literal["preparation_finished"] = "preparation_finished"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({CLUSTER_OPTIONS, PREPARE_STATUS, LOCAL_MODELS})
     model_id: str
     error: str = ""
 
 
 class SessionCreated(Event):
     kind: Literal["session_created"] = "session_created"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
     session: Session
 
 
 class LaunchStepped(Event):
     kind: Literal["launch_stepped"] = "launch_stepped"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     key: str
     state: StepState
@@ -102,6 +176,8 @@ class LaunchStepped(Event):
 
 class SessionRegistered(Event):
     kind: Literal["session_registered"] = "session_registered"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     registered: bool
 
@@ -111,6 +187,8 @@ class SessionObserved(Event):
     something changed. `sample` is set when the throughput or a step latency did."""
 
     kind: Literal["session_observed"] = "session_observed"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     stage_status: tuple[StageStatus, ...]
     sample: Sample | None = None
@@ -122,6 +200,8 @@ class SessionFaulted(Event):
     the watcher could not tell, and then only a teardown is left."""
 
     kind: Literal["session_faulted"] = "session_faulted"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     reason: str
     processes: tuple[str, ...] = ()
@@ -132,6 +212,8 @@ class PostMortemRecorded(Event):
     """A recovery kept what was left of the processes it replaced."""
 
     kind: Literal["post_mortem_recorded"] = "post_mortem_recorded"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     post_mortems: tuple[PostMortem, ...]
 
@@ -141,6 +223,8 @@ class StageMoved(Event):
     session's record follows — where the stage runs, its cluster TOML — and the timeline says so."""
 
     kind: Literal["stage_moved"] = "stage_moved"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, NODES})
     session_id: str
     stage: StagePlacement  # the stage's new placement (same index and layers)
     config_toml: str  # the cluster TOML with its new address
@@ -151,6 +235,8 @@ class RecoveryFailed(Event):
     """A recovery attempt did not bring the session back (another may follow)."""
 
     kind: Literal["recovery_failed"] = "recovery_failed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     reason: str
     final: bool = False  # no further attempt can help (e.g. the cluster secret is gone)
@@ -160,6 +246,8 @@ class SessionRecovered(Event):
     """The replaced processes serve again: Healthy, the router entry back."""
 
     kind: Literal["session_recovered"] = "session_recovered"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
     session_id: str
     seconds: float  # from the fault being seen to Healthy again
     detail: str = ""
@@ -167,6 +255,8 @@ class SessionRecovered(Event):
 
 class HealthChanged(Event):
     kind: Literal["health_changed"] = "health_changed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, LOCAL_MODELS})
     session_id: str
     health: Health
     phase: Phase
@@ -175,6 +265,8 @@ class HealthChanged(Event):
 
 class SessionRemoved(Event):
     kind: Literal["session_removed"] = "session_removed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
     session_id: str
     reason: str = ""
 

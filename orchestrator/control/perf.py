@@ -117,6 +117,6 @@ def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[st
     while missing([orch.state.node(n.id) or n for n in nodes], model_id) == (no_links, no_timing) \
             and time.monotonic() < deadline:
         time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
-    shown = orch.state.plan or {}
-    if shown.get("model_id") == model_id and set(shown.get("node_ids") or ()) == set(node_ids):
+    shown = orch.state.plan
+    if shown is not None and shown.model_id == model_id and set(shown.node_ids) == set(node_ids):
         orch.preview_plan(model_id, node_ids, *args, measure=False)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ..agent.schemas import Report
+from ..planner import Plan, Refusal
 from .download_state import ModelDownload
 
 
@@ -213,6 +214,40 @@ class Preparation(_Frozen):
         return self.finished and all(n.status == "present" for n in self.nodes)
 
 
+class PreviewedPlan(_Frozen):
+    """The last previewed plan, shown to every viewer: what was asked (model, nodes in the
+    user's order, context length) and the planner's answer, a launchable `Plan` or a `Refusal`.
+
+    Its JSON (`/api/state`'s `plan`, the `plan_previewed` event) is the planner's own JSON with
+    `model_id`, `node_ids` and `context_length` beside its fields, as it was before this was
+    typed; validation accepts that flat shape too.
+    """
+
+    model_id: str
+    node_ids: tuple[str, ...]
+    context_length: int
+    result: Annotated[Plan | Refusal, Field(discriminator="kind")]
+
+    @property
+    def refused(self) -> bool:
+        """Whether the planner refused (no launchable plan)."""
+        return isinstance(self.result, Refusal)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "result" not in data:
+            asked = {k: data[k] for k in ("model_id", "node_ids", "context_length") if k in data}
+            return {**asked, "result": {k: v for k, v in data.items() if k not in asked}}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _to_flat(self, handler: Any) -> dict[str, Any]:
+        doc = handler(self)
+        return {"model_id": doc["model_id"], "node_ids": doc["node_ids"], "context_length": doc["context_length"],
+                **doc["result"]}
+
+
 class State(_Frozen):
     """Everything the dashboard shows, as one immutable snapshot."""
 
@@ -223,7 +258,7 @@ class State(_Frozen):
     history: tuple[Session, ...] = ()  # recently ended (newest last), for the monitor's final word
     preparation: Preparation | None = None
     downloads: tuple[ModelDownload, ...] = ()  # Models tab: hub downloads and their LAN copies
-    plan: dict | None = None  # the last previewed plan (planner JSON), shown to every viewer
+    plan: PreviewedPlan | None = None  # the last previewed plan, shown to every viewer
     version: int = 0
 
     def node(self, node_id: str) -> Node | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from . import events as ev
-from .download_events import DOWNLOAD_KINDS, apply_download
+from .download_events import (ModelDownloadFinished, ModelDownloadListed, ModelDownloadProgressed,
+                              ModelDownloadStarted, apply_download)
 from .recovery import recovery_steps, stage_moved
 from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
 
@@ -99,99 +100,98 @@ def apply(state: State, event: ev.Event) -> State:
     return new.model_copy(update={"version": state.version + 1}) if new is not state else state
 
 
-def _apply(state: State, e: ev.Event) -> State:  # noqa: C901 (one branch per event kind)
-    if e.kind in DOWNLOAD_KINDS:  # the Models tab's downloads: their own module
-        return apply_download(state, e)
-    if isinstance(e, ev.SettingsChanged):
-        return state.model_copy(update={"settings": e.settings})
-    if isinstance(e, ev.NodeRegistered):
-        others = tuple(n for n in state.nodes if n.id != e.node.id)
-        discovered = tuple(d for d in state.discovered if d.fingerprint != e.node.id)
-        return state.model_copy(update={"nodes": others + (e.node,), "discovered": discovered})
-    if isinstance(e, ev.NodeRemoved):
-        return state.model_copy(update={"nodes": tuple(n for n in state.nodes if n.id != e.node_id)})
-    if isinstance(e, ev.NodeReported):
-        if state.node(e.node_id) is None:
-            return state
-        return _replace_node(state, e.node_id, report=e.report, status="reachable", error=None, last_seen=e.at,
-                             name=e.report.name)
-    if isinstance(e, ev.NodeUnreachable):
-        node = state.node(e.node_id)
-        if node is None or (node.status == "unreachable" and node.error == e.error):
-            return state
-        return _replace_node(state, e.node_id, status="unreachable", error=e.error)
-    if isinstance(e, ev.NodeDiscovered):
-        if state.node(e.node.fingerprint) is not None:
-            return state
-        others = tuple(d for d in state.discovered if d.fingerprint != e.node.fingerprint)
-        if e.node in state.discovered:
-            return state
-        return state.model_copy(update={"discovered": others + (e.node,)})
-    if isinstance(e, ev.NodeVanished):
-        kept = tuple(d for d in state.discovered if d.fingerprint != e.fingerprint)
-        return state if len(kept) == len(state.discovered) else state.model_copy(update={"discovered": kept})
-    if isinstance(e, ev.PreparationStarted):
-        return state.model_copy(update={"preparation": e.preparation})
-    if isinstance(e, ev.PreparationProgressed):
-        prep = state.preparation
-        if prep is None:
-            return state
-        nodes = tuple(e.node if n.node_id == e.node.node_id else n for n in prep.nodes)
-        return state.model_copy(update={"preparation": prep.model_copy(update={"nodes": nodes})})
-    if isinstance(e, ev.PreparationFinished):
-        prep = state.preparation
-        if prep is None or prep.model_id != e.model_id:
-            return state
-        return state.model_copy(update={"preparation": prep.model_copy(update={"finished": True, "error": e.error})})
-    if isinstance(e, ev.SessionCreated):
-        return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != e.session.id)
-                                        + (e.session,)})
-    if isinstance(e, ev.LaunchStepped):
-        return _replace_session(state, e.session_id, lambda s: _step(s, e.key, e.state, e.detail))
-    if isinstance(e, ev.SessionRegistered):
-        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"registered": e.registered}))
-    if isinstance(e, ev.SessionObserved):
-        if state.session(e.session_id) is None:
-            return state
-        return _replace_session(state, e.session_id, lambda s: _observed(s, e))
-    if isinstance(e, ev.SessionFaulted):
-        s = state.session(e.session_id)
-        if s is None or s.phase != "running":
-            return state  # already being recovered or stopped: the first fault is the reason shown
-        return _replace_session(state, e.session_id, lambda s: _faulted(s, e, state.settings))
-    if isinstance(e, ev.PostMortemRecorded):
-        s = state.session(e.session_id)
-        if s is None or not s.faults:
-            return state
-        return _replace_session(state, e.session_id, lambda s: s.model_copy(update={"faults": _last_fault(
-            s, post_mortems=s.faults[-1].post_mortems + e.post_mortems)}))
-    if isinstance(e, ev.StageMoved):
-        s = state.session(e.session_id)
-        if s is None or s.phase != "recovering":
-            return state
-        return _replace_session(state, e.session_id, lambda s: stage_moved(s, e))
-    if isinstance(e, ev.RecoveryFailed):
-        s = state.session(e.session_id)
-        if s is None or s.phase != "recovering":
-            return state
-        return _replace_session(state, e.session_id, lambda s: _recovery_failed(s, e, state.settings))
-    if isinstance(e, ev.SessionRecovered):
-        s = state.session(e.session_id)
-        if s is None or s.phase != "recovering":
-            return state
-        return _replace_session(state, e.session_id, lambda s: _recovered(s, e))
-    if isinstance(e, ev.HealthChanged):
-        return _replace_session(state, e.session_id, lambda s: s.model_copy(
-            update={"health": e.health, "phase": e.phase, "reason": e.reason}))
-    if isinstance(e, ev.SessionRemoved):
-        gone = [s for s in state.sessions if s.id == e.session_id]
-        if not gone:
-            return state
-        ended = gone[0].model_copy(update={"reason": e.reason or gone[0].reason})
-        return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != e.session_id),
-                                        "history": (state.history + (ended,))[-HISTORY:]})
-    if isinstance(e, ev.PlanPreviewed):
-        return state.model_copy(update={"plan": {"model_id": e.model_id, "node_ids": list(e.node_ids), **e.plan}})
+def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per event class)
+    match event:
+        case ModelDownloadStarted() | ModelDownloadProgressed() | ModelDownloadListed() | ModelDownloadFinished():
+            return apply_download(state, event)  # the Models tab's downloads: their own module
+        case ev.SettingsChanged(settings=settings):
+            return state.model_copy(update={"settings": settings})
+        case ev.NodeRegistered(node=node):
+            others = tuple(n for n in state.nodes if n.id != node.id)
+            discovered = tuple(d for d in state.discovered if d.fingerprint != node.id)
+            return state.model_copy(update={"nodes": others + (node,), "discovered": discovered})
+        case ev.NodeRemoved(node_id=node_id):
+            return state.model_copy(update={"nodes": tuple(n for n in state.nodes if n.id != node_id)})
+        case ev.NodeReported(node_id=node_id, report=report, at=at):
+            if state.node(node_id) is None:
+                return state
+            return _replace_node(state, node_id, report=report, status="reachable", error=None, last_seen=at,
+                                 name=report.name)
+        case ev.NodeUnreachable(node_id=node_id, error=error):
+            node = state.node(node_id)
+            if node is None or (node.status == "unreachable" and node.error == error):
+                return state
+            return _replace_node(state, node_id, status="unreachable", error=error)
+        case ev.NodeDiscovered(node=seen):
+            if state.node(seen.fingerprint) is not None or seen in state.discovered:
+                return state
+            others = tuple(d for d in state.discovered if d.fingerprint != seen.fingerprint)
+            return state.model_copy(update={"discovered": others + (seen,)})
+        case ev.NodeVanished(fingerprint=fingerprint):
+            kept = tuple(d for d in state.discovered if d.fingerprint != fingerprint)
+            return state if len(kept) == len(state.discovered) else state.model_copy(update={"discovered": kept})
+        case ev.PlanPreviewed(plan=plan):
+            return state.model_copy(update={"plan": plan})
+        case ev.PreparationStarted(preparation=preparation):
+            return state.model_copy(update={"preparation": preparation})
+        case ev.PreparationProgressed(node=node):
+            prep = state.preparation
+            if prep is None:
+                return state
+            nodes = tuple(node if n.node_id == node.node_id else n for n in prep.nodes)
+            return state.model_copy(update={"preparation": prep.model_copy(update={"nodes": nodes})})
+        case ev.PreparationFinished(model_id=model_id, error=error):
+            prep = state.preparation
+            if prep is None or prep.model_id != model_id:
+                return state
+            return state.model_copy(update={"preparation": prep.model_copy(update={"finished": True, "error": error})})
+        case ev.SessionCreated(session=session):
+            return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != session.id)
+                                            + (session,)})
+        case ev.LaunchStepped(session_id=sid, key=key, state=step_state, detail=detail):
+            return _replace_session(state, sid, lambda s: _step(s, key, step_state, detail))
+        case ev.SessionRegistered(session_id=sid, registered=registered):
+            return _replace_session(state, sid, lambda s: s.model_copy(update={"registered": registered}))
+        case ev.SessionObserved(session_id=sid):
+            if state.session(sid) is None:
+                return state
+            return _replace_session(state, sid, lambda s: _observed(s, event))
+        case ev.SessionFaulted(session_id=sid):
+            s = state.session(sid)
+            if s is None or s.phase != "running":
+                return state  # already being recovered or stopped: the first fault is the reason shown
+            return _replace_session(state, sid, lambda s: _faulted(s, event, state.settings))
+        case ev.PostMortemRecorded(session_id=sid, post_mortems=post_mortems):
+            s = state.session(sid)
+            if s is None or not s.faults:
+                return state
+            return _replace_session(state, sid, lambda s: s.model_copy(update={"faults": _last_fault(
+                s, post_mortems=s.faults[-1].post_mortems + post_mortems)}))
+        case ev.StageMoved(session_id=sid):
+            s = state.session(sid)
+            if s is None or s.phase != "recovering":
+                return state
+            return _replace_session(state, sid, lambda s: stage_moved(s, event))
+        case ev.RecoveryFailed(session_id=sid):
+            s = state.session(sid)
+            if s is None or s.phase != "recovering":
+                return state
+            return _replace_session(state, sid, lambda s: _recovery_failed(s, event, state.settings))
+        case ev.SessionRecovered(session_id=sid):
+            s = state.session(sid)
+            if s is None or s.phase != "recovering":
+                return state
+            return _replace_session(state, sid, lambda s: _recovered(s, event))
+        case ev.HealthChanged(session_id=sid, health=health, phase=phase, reason=reason):
+            return _replace_session(state, sid, lambda s: s.model_copy(
+                update={"health": health, "phase": phase, "reason": reason}))
+        case ev.SessionRemoved(session_id=sid, reason=reason):
+            gone = [s for s in state.sessions if s.id == sid]
+            if not gone:
+                return state
+            ended = gone[0].model_copy(update={"reason": reason or gone[0].reason})
+            return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != sid),
+                                            "history": (state.history + (ended,))[-HISTORY:]})
     return state
 
 

@@ -36,7 +36,7 @@ def test_prepare_copies_the_model_then_the_plan_launches(env: Env):
     plan = env.orch.preview_plan(MODEL_ID, ids, context_length=1024, concurrency=2)
     assert plan.kind == "plan", plan
     assert [s.node_id for s in plan.stages] == ids
-    assert env.orch.wait(lambda st: st.plan is not None).plan["kind"] == "plan"
+    assert env.orch.wait(lambda st: st.plan is not None).plan.result.kind == "plan"
     session = env.orch.launch_cluster(MODEL_ID, ids, context_length=1024, concurrency=2)
     s = healthy(env, session.id)
     assert s.cluster and s.name == "tiny-2stage" and env.backends() == ["tiny-2stage"]

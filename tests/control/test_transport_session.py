@@ -39,7 +39,7 @@ def test_thunderbolt_step_names_the_addresses_and_tcp_adds_nothing() -> None:
 
 def test_plan_preview_shows_the_transport_and_the_reason() -> None:
     plan, _ = session("rdma", lan_node(0, rdma_nic(0)), lan_node(1))
-    view = transport_view(plan.model_dump(mode="json")["transport"])
+    view = transport_view(plan.transport)
     assert view["used"] == "tcp" and view["reason"].startswith("rdma requested, running on tcp: node1")
     assert view["nodes"] == ["node0 192.168.1.10 on eth0 (ethernet, 1000 Mbit/s)",
                              "node1 192.168.1.11 on eth0 (ethernet, 1000 Mbit/s)"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
 from orchestrator.control.launcher import timeline
-from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, Sample, Session, Settings,
-                                        StagePlacement, StageStatus, State)
+from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, PreviewedPlan, Sample,
+                                        Session, Settings, StagePlacement, StageStatus, State)
 from orchestrator.units import format_bytes
 
 MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
@@ -33,8 +33,8 @@ def node(name: str, fid: str, models: list[str], reachable: bool = True) -> Node
                 report=report(name, fid, models))
 
 
-def plan(kind: str = "plan") -> dict:
-    """The planner's JSON for a 2-stage plan (or the refused attempt)."""
+def plan(kind: str = "plan") -> PreviewedPlan:
+    """A previewed 2-stage plan (or the refused attempt), built from the planner's JSON."""
     def stage(i: int, first: int, last: int, free: int) -> dict:
         return {"stage": i, "node_id": f"n{i}", "node_name": f"node-{'ab'[i]}", "host": "10.0.0.1",
                 "first_layer": first, "last_layer": last, "holds_embedding": True, "holds_head": i == 1,
@@ -44,11 +44,14 @@ def plan(kind: str = "plan") -> dict:
     doc = {"model_id": "smol", "node_ids": ["n0", "n1"], "context_length": 2048, "kind": kind, "model": "smol",
            "stages": [stage(0, 0, 16, 900 * MB), stage(1, 17, 29, 600 * MB if kind != "plan" else 900 * MB)]}
     if kind == "plan":
+        doc.update(num_layers=30, manual=False, ports={"n0": [39601, 39610, 39611], "n1": [39602]},
+                   coordinator={"node_id": "n0", "host": "10.0.0.1", "transport_port": 39610, "http_port": 39611},
+                   settings={"context_length": 2048})
         doc["warnings"] = [{"code": "imbalanced", "message": "stage 1 does most of the work"}]
     else:
         doc["reasons"] = [{"code": "stage_does_not_fit", "message": f"stage 1 needs {format_bytes(800 * MB)}, node-b has "
                                                                    f"{format_bytes(600 * MB)} free"}]
-    return doc
+    return PreviewedPlan.model_validate(doc)
 
 
 def cluster(sid: str = "s1", phase: str = "running", health: str = "Healthy") -> Session:

@@ -65,3 +65,33 @@ def test_prepare_rows_keep_why_a_node_copies():
     rows = prepare_view(rich_state(), CTX)["prep"]["rows"]
     assert rows[1]["label"] == "Downloading" and rows[1]["verdict_label"] == "Needs download"
     assert rows[1]["percent"] == 37 and rows[1]["rate"] == "100 MiB/s"
+
+
+def test_live_components_refresh_on_the_events_that_touch_them():
+    """Each live component's kinds come from the event classes (`touches`); none is lost from
+    the sets written by hand before, and only live components are named."""
+    from orchestrator.control.events import LIVE_COMPONENTS
+    from webapp.components import COMPONENTS
+
+    live = {c.name: c.kinds for c in COMPONENTS if c.live}
+    assert set(live) == LIVE_COMPONENTS and all(live.values())
+    assert all(not c.kinds for c in COMPONENTS if not c.live)  # a form is never pushed
+    sessions = {"session_created", "launch_stepped", "session_registered", "session_observed", "session_faulted",
+                "health_changed", "session_removed", "post_mortem_recorded", "recovery_failed", "session_recovered"}
+    downloads = {"model_download_started", "model_download_progressed", "model_download_listed",
+                 "model_download_finished"}
+    before = {"settings-status": {"settings_changed"}, "distributed-gate": {"settings_changed"},
+              "nodes": {"node_registered", "node_removed", "node_reported", "node_unreachable", "node_discovered",
+                        "node_vanished", "session_created", "session_removed"},
+              "cluster-options": {"settings_changed", "node_registered", "node_removed", "node_reported",
+                                  "node_unreachable", "plan_previewed", "preparation_started", "preparation_finished",
+                                  "session_created", "session_removed"},
+              "plan-preview": {"plan_previewed"},
+              "prepare-status": {"preparation_started", "preparation_progressed", "preparation_finished"},
+              "cluster-monitor": sessions, "sessions": sessions,
+              "local-models": {"node_registered", "node_removed", "node_reported", "node_unreachable",
+                               "session_created", "health_changed", "session_removed", "preparation_finished",
+                               "preparation_progressed"} | downloads,
+              "model-downloads": downloads | {"node_registered", "node_removed"}}
+    for name, kinds in before.items():
+        assert kinds <= live[name], f"{name} no longer refreshes on {kinds - live[name]}"

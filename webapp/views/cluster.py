@@ -81,8 +81,7 @@ def _current_choice(state: State) -> tuple[str | None, list[str], int]:
     the preparation (so every viewer sees what the plan, bars and timeline are about)."""
     plan, prep = state.plan, state.preparation
     if plan is not None:
-        context = plan.get("context_length") or (plan.get("settings") or {}).get("context_length") or 4096
-        return plan.get("model_id"), list(plan.get("node_ids") or []), int(context)
+        return plan.model_id, list(plan.node_ids), plan.context_length
     if prep is not None:
         return prep.model_id, [n.node_id for n in prep.nodes], 4096
     return None, [], 4096

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.control.state import Node, State
+from orchestrator.planner.predict import Performance
 
 
 def _cell(node: Node, peer: Node) -> dict[str, Any] | None:
@@ -35,17 +36,16 @@ def link_matrix(state: State, node_ids: list[str] | None = None) -> dict[str, An
             "measured": any(c for r in rows for c in r)}
 
 
-def performance_view(perf: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The plan's `performance` (planner/predict.Performance as JSON) in words and numbers."""
-    if not perf:
+def performance_view(perf: Performance | None) -> dict[str, Any] | None:
+    """The plan's predicted performance (planner/predict.Performance) in words and numbers."""
+    if perf is None:
         return None
-    agg = [{"requests": p["x"], "tps": f"{p['y']:.1f}"} for p in perf.get("aggregate_tps", [])]
-    ttft = [{"prompt": f"{p['x'] // 1024}k" if p["x"] % 1024 == 0 else str(p["x"]), "seconds": f"{p['y']:.2f}"}
-            for p in perf.get("ttft_s", [])]
-    return {"decode_1": f"{perf['decode_tps_1']:.1f}", "ms_per_token": f"{perf['ms_per_token_1']:.1f}",
-            "compute_ms": f"{perf['compute_ms_1']:.1f}", "aggregate": agg, "ttft": ttft,
-            "bottleneck": perf.get("bottleneck", ""), "single_node": perf.get("single_node"),
-            "automatic": perf.get("automatic"), "note": perf.get("timing_note", ""),
-            "boundaries": [{"source": b["source"], "target": b["target"], "link": b["link"],
-                            "interface": b.get("interface") or "", "measured": b.get("measured", True),
-                            "ms": f"{b['ms_per_token']:.2f}"} for b in perf.get("boundaries", [])]}
+    agg = [{"requests": p.x, "tps": f"{p.y:.1f}"} for p in perf.aggregate_tps]
+    ttft = [{"prompt": f"{p.x // 1024}k" if p.x % 1024 == 0 else str(p.x), "seconds": f"{p.y:.2f}"}
+            for p in perf.ttft_s]
+    return {"decode_1": f"{perf.decode_tps_1:.1f}", "ms_per_token": f"{perf.ms_per_token_1:.1f}",
+            "compute_ms": f"{perf.compute_ms_1:.1f}", "aggregate": agg, "ttft": ttft,
+            "bottleneck": perf.bottleneck, "single_node": perf.single_node,
+            "automatic": perf.automatic, "note": perf.timing_note,
+            "boundaries": [{"source": b.source, "target": b.target, "link": b.link, "interface": b.interface,
+                            "measured": b.measured, "ms": f"{b.ms_per_token:.2f}"} for b in perf.boundaries]}

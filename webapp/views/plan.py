@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.control.state import State
+from orchestrator.planner import Plan
+from orchestrator.planner.transport import TransportPlan
 
 from .context import ViewContext
 from .format import size
@@ -35,39 +37,37 @@ def fit_bar(weights: int, kv: int, overhead: int, free: int) -> dict[str, Any]:
 
 def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     """The last previewed plan (shown to every viewer): a layer map, one fit bar per stage,
-    warnings (a plan) or reasons (a refusal)."""
-    plan = state.plan
-    if plan is None:
+    warnings (a plan) or reasons (a refusal, with its closest attempt's stages when it has one)."""
+    shown = state.plan
+    if shown is None:
         return {"plan": None}
-    raw = plan.get("stages", [])
-    layers_total = max((s["last_layer"] for s in raw), default=-1) + 1
+    result = shown.result
+    layers_total = max((s.last_layer for s in result.stages), default=-1) + 1
     stages = []
-    for s in raw:
-        count = s["last_layer"] - s["first_layer"] + 1
+    for s in result.stages:
+        count = s.last_layer - s.first_layer + 1
         stages.append({
-            "stage": s["stage"], "node": s["node_name"], "layers": f"{s['first_layer']}–{s['last_layer']}",
+            "stage": s.stage, "node": s.node_name, "layers": f"{s.first_layer}–{s.last_layer}",
             "layer_count": count, "map_percent": round(100 * count / layers_total, 2) if layers_total else 0,
-            "coordinator": bool(s.get("runs_coordinator")), "port": s.get("transport_port"),
-            "bar": fit_bar(s.get("weight_bytes") or 0, s.get("kv_cache_bytes") or 0, s.get("overhead_bytes") or 0,
-                           s.get("free_bytes") or 0),
+            "coordinator": s.runs_coordinator, "port": s.transport_port,
+            "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes),
         })
-    refused = plan.get("kind") != "plan"
-    issues = plan.get("reasons", []) if refused else plan.get("warnings", [])
-    context = plan.get("context_length") or (plan.get("settings") or {}).get("context_length")
-    return {"plan": {"kind": plan.get("kind"), "refused": refused, "model": plan.get("model_id"),
-                     "context": context, "stages": stages, "layers_total": layers_total,
-                     "issues": [i.get("message", "") for i in issues],
+    plan = result if isinstance(result, Plan) else None
+    issues = plan.warnings if plan is not None else result.reasons
+    return {"plan": {"kind": result.kind, "refused": plan is None, "model": shown.model_id,
+                     "context": shown.context_length, "stages": stages, "layers_total": layers_total,
+                     "issues": [i.message for i in issues],
                      # measured links between the selected nodes and the prediction (views/perf.py)
-                     "links": link_matrix(state, list(plan.get("node_ids") or [s["node_id"] for s in raw])),
-                     "performance": performance_view(plan.get("performance")),
-                     "transport": transport_view(plan.get("transport"))}}
+                     "links": link_matrix(state, list(shown.node_ids)),
+                     "performance": performance_view(plan.performance if plan is not None else None),
+                     "transport": transport_view(plan.transport if plan is not None else None)}}
 
 
-def transport_view(t: dict[str, Any] | None) -> dict[str, Any] | None:
+def transport_view(t: TransportPlan | None) -> dict[str, Any] | None:
     """The plan's transport (planner/transport.py): what runs, where each node binds, and why
     a requested backend does not run."""
-    if not t:
+    if t is None:
         return None
-    return {"used": t.get("used"), "requested": t.get("requested"), "reason": t.get("reason") or "",
-            "nodes": [f"{n['node_name']} {n['host']}" + (f" on {n['interface']}" if n.get("interface") else "")
-                      for n in t.get("nodes", []) if n.get("host")]}
+    return {"used": t.used, "requested": t.requested, "reason": t.reason,
+            "nodes": [f"{n.node_name} {n.host}" + (f" on {n.interface}" if n.interface else "")
+                      for n in t.nodes if n.host]}

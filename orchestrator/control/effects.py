@@ -1,0 +1,155 @@
+"""The one place that does the control plane's I/O: effects (`decide.py`) in, workers out.
+
+`EffectRunner.run` is called on the orchestrator thread with the effects of a decision or a
+reaction, and must never block it: each effect becomes a worker thread (launch, teardown,
+recovery, preparation, measuring, re-adoption) that talks to agents, coordinators and the
+router and answers with events (`Orchestrator.post`) or, when what it found needs a rule, a
+command. The runner also owns the cancel flags of running launches and recoveries.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..agent.client import AgentClient
+from . import events as ev
+from .commands import ResumeSession
+from .decide import (CancelWork, Effect, MeasureAfterPreview, Readopt, RunPreparation, StartLaunch, StartRecovery,
+                     StartTeardown)
+from .launcher import Launcher
+from .state import Session
+
+if TYPE_CHECKING:
+    from .core import Orchestrator
+
+
+class EffectRunner:
+    """Maps each effect type to its worker; one per Orchestrator."""
+
+    def __init__(self, orch: "Orchestrator") -> None:
+        self.orch = orch
+        self.log = orch.log
+        # session id -> cancel flag of its launch or recovery; only the orchestrator thread adds
+        # flags (run), workers only read and set them
+        self._cancels: dict[str, threading.Event] = {}
+
+    def run(self, effects: tuple[Effect, ...]) -> None:
+        """Start every effect (on the orchestrator thread: nothing here blocks)."""
+        for effect in effects:
+            match effect:
+                case StartLaunch(session=s, model_id=model_id):
+                    self._spawn(self._launch, s, model_id, self._cancels.setdefault(s.id, threading.Event()))
+                case StartTeardown(session=s, health=health, reason=reason):
+                    if health == "Unhealthy":
+                        self.log.warning("session.unhealthy", session=s.id, reason=reason)
+                    self._spawn(self.teardown, s, health, reason)
+                case StartRecovery(session=s):
+                    self.log.warning("session.recovering", session=s.id, reason=s.reason, attempt=s.recovery_attempt)
+                    self._spawn(self._recover, s, self._cancels.setdefault(s.id, threading.Event()))
+                case CancelWork(session_id=sid):
+                    self._cancels.setdefault(sid, threading.Event()).set()
+                case RunPreparation():
+                    self._prepare(effect)
+                case MeasureAfterPreview():
+                    from .perf import refresh_after_preview
+
+                    self._spawn(refresh_after_preview, self.orch, effect.model_id, list(effect.node_ids),
+                                (effect.context_length, effect.concurrency,
+                                 [tuple(r) for r in effect.manual_split] if effect.manual_split else None))
+                case Readopt(session=s):
+                    self._spawn(self._readopt, s)
+                case _:
+                    raise TypeError(f"not an effect: {effect!r}")
+
+    def inspect_after_restart(self, s: Session) -> None:
+        """Look at a persisted session once (a worker), then let `decide` say what becomes of it."""
+        self._spawn(self._inspect, s)
+
+    @staticmethod
+    def _spawn(fn: Callable[..., None], *args: Any) -> None:
+        threading.Thread(target=fn, args=args, name=fn.__name__.strip("_"), daemon=True).start()
+
+    def _agents_for(self, s: Session) -> dict[str, AgentClient]:
+        agents = {nid: self.orch.agent(nid) for nid in s.node_ids}
+        return {k: v for k, v in agents.items() if v is not None}
+
+    # --- workers (each in its own thread) ---------------------------------------------------
+    def _launch(self, s: Session, model_id: str, cancel: threading.Event) -> None:
+        secret = secrets.token_hex(24)
+        self.orch.secrets.put(s.id, secret)  # a replaced stage rejoins with it
+        launcher = Launcher(s, self._agents_for(s), self.orch.registrar, self.orch.post, self.orch.timeouts, cancel)
+        ok = launcher.launch(model_id, secret, "tcp")
+        if ok and not cancel.is_set():
+            self.orch.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
+            return
+        if ok:  # stopped while the last step finished: take it down again
+            launcher.teardown()
+        now = self.orch.state.session(s.id)
+        failed = next((st for st in (now.timeline if now else ()) if st.state == "failed"), None)
+        reason = "launch cancelled" if cancel.is_set() else (
+            f"launch failed at “{failed.label}”: {failed.detail}" if failed else "launch failed")
+        self.orch.post(ev.HealthChanged(session_id=s.id, health="Stopped", phase="failed", reason=reason))
+        self.orch.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+
+    def teardown(self, s: Session, health: str, reason: str) -> None:
+        """Deregister, stop every process, then report the session ended."""
+        problems = Launcher(s, self._agents_for(s), self.orch.registrar, self.orch.post, self.orch.timeouts).teardown()
+        if problems:
+            self.log.error("teardown.incomplete", session=s.id, problems="; ".join(problems))
+            reason = f"{reason} (cleanup problems: {'; '.join(problems)})"
+        self.orch.post(ev.HealthChanged(session_id=s.id, health=health, phase="stopped", reason=reason))
+        self.orch.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+        self.orch.secrets.keep_only({x.id for x in self.orch.state.sessions if x.id != s.id})
+
+    def _recover(self, s: Session, cancel: threading.Event) -> None:
+        """One recovery attempt (after its backoff); reports SessionRecovered or RecoveryFailed."""
+        from .recovery import Recovery, backoff, elapsed_since
+
+        if cancel.wait(backoff(s.recovery_attempt)):
+            return  # stopped meanwhile: the stop tears it down
+        secret = self.orch.secrets.get(s.id)
+        if secret is None:
+            self.orch.post(ev.RecoveryFailed(session_id=s.id, final=True,
+                                             reason="the cluster secret of this session is not known here"))
+            return
+        fault = s.faults[-1]
+        problem = Recovery(s, fault.processes, self._agents_for(s), self.orch.registrar, self.orch.post,
+                           self.orch.timeouts, secret, cancel,
+                           state=self.orch.state, agent_for=self.orch.agent).run()  # state: where a stage may move
+        if cancel.is_set():
+            return
+        if problem:
+            self.log.warning("session.recovery_failed", session=s.id, attempt=s.recovery_attempt, reason=problem)
+            self.orch.post(ev.RecoveryFailed(session_id=s.id, reason=problem))
+        else:
+            seconds = elapsed_since(fault.at)
+            self.log.info("session.recovered", session=s.id, processes=",".join(fault.processes), seconds=seconds)
+            self.orch.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
+
+    def _prepare(self, effect: RunPreparation) -> None:
+        from .preparer import prepare
+
+        targets = {n: self.orch.agent(n) for n in effect.node_ids}
+        everyone = {n.id: self.orch.agent(n.id) for n in self.orch.state.nodes if n.id not in targets}
+        names = {n.id: n.name for n in self.orch.state.nodes}
+        self._spawn(prepare, effect.model_id, targets, everyone, self.orch.post, names, effect.hub)
+
+    def _inspect(self, s: Session) -> None:
+        _, problem, culprits = self.orch.watcher.inspect(s)
+        if problem:
+            self.log.warning("session.seen_after_restart", session=s.id, phase=s.phase, reason=problem)
+        self.orch.submit(ResumeSession(s.id, s.phase, problem, culprits, time.time()))
+
+    def _readopt(self, s: Session) -> None:
+        try:
+            self.orch.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice
+        except Exception as exc:  # noqa: BLE001 (any registrar failure means: not adopted)
+            self.orch.submit(ResumeSession(s.id, s.phase, f"router registration failed: {exc}", (), time.time()))
+            return
+        self.orch.post(ev.SessionRegistered(session_id=s.id, registered=True))
+        self.log.info("session.readopted", session=s.id)
+        self.orch.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running",
+                                        reason="re-adopted after a dashboard restart"))
