@@ -69,6 +69,7 @@ class PreviewPlan:
     concurrency: int = 4
     manual_split: Split | None = None
     measure: bool = True
+    only_if_shown: bool = False  # a preview again after measuring: only while this plan is still the one shown
 
 
 @dataclass(frozen=True)

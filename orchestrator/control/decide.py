@@ -17,6 +17,7 @@ from . import events as ev
 from .commands import (AddNode, Command, CommandRefused, LaunchCluster, LaunchSession, LaunchSingle, PrepareModel,
                        PreviewPlan, RemoveNode, ResumeSession, Split, StopSession, UpdateSettings)
 from .launcher import timeline
+from .perf import lacking
 from .planning import PlanningError, plan_for, plan_settings, session_from_plan, session_name, single_session
 from .state import Health, PreviewedPlan, Session, State
 
@@ -76,6 +77,8 @@ class MeasureAfterPreview:
     context_length: int
     concurrency: int
     manual_split: Split | None
+    links: bool  # measure the links between the nodes
+    timing: bool  # time the model's layers on a node that holds it
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,7 @@ def decide(state: State, command: Command) -> Decision:  # noqa: C901 (one case 
         case PrepareModel():
             return _prepare(state, command)
         case PreviewPlan():
-            preview = _preview(state, command.model_id, command.node_ids, command.context_length, command.concurrency,
-                               command.manual_split)
-            measure = MeasureAfterPreview(command.model_id, command.node_ids, command.context_length,
-                                          command.concurrency, command.manual_split)
-            return Decision((preview,), (measure,) if command.measure else ())
+            return _preview_plan(state, command)
         case LaunchCluster():
             return _launch_cluster(state, command)
         case LaunchSingle(model_id=model_id, node_id=node_id, session_id=session_id, now=now):
@@ -163,6 +162,20 @@ def _preview(state: State, model_id: str, node_ids: tuple[str, ...], context_len
         raise CommandRefused(str(exc)) from None
     return ev.PlanPreviewed(plan=PreviewedPlan(model_id=model_id, node_ids=node_ids, context_length=context_length,
                                                result=result))
+
+
+def _preview_plan(state: State, c: PreviewPlan) -> Decision:
+    """The preview; measuring follows when the nodes lack links or timings of the model."""
+    shown = state.plan
+    if c.only_if_shown and (shown is None or shown.model_id != c.model_id
+                            or set(shown.node_ids) != set(c.node_ids)):
+        return Decision()  # another plan is on screen now: it stays
+    preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split)
+    links, timing = lacking(state, c.model_id, c.node_ids) if c.measure else (False, False)
+    if not (links or timing):
+        return Decision((preview,))
+    return Decision((preview,), (MeasureAfterPreview(c.model_id, c.node_ids, c.context_length, c.concurrency,
+                                                     c.manual_split, links, timing),))
 
 
 def _launch_cluster(state: State, c: LaunchCluster) -> Decision:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..agent.client import AgentClient
 from . import events as ev
-from .commands import ResumeSession
+from .commands import PreviewPlan, ResumeSession
 from .decide import (CancelWork, Effect, MeasureAfterPreview, Readopt, RunPreparation, StartLaunch, StartRecovery,
                      StartTeardown)
 from .launcher import Launcher
@@ -56,9 +56,10 @@ class EffectRunner:
                 case MeasureAfterPreview():
                     from .perf import refresh_after_preview
 
+                    again = PreviewPlan(effect.model_id, effect.node_ids, effect.context_length, effect.concurrency,
+                                        effect.manual_split, measure=False, only_if_shown=True)
                     self._spawn(refresh_after_preview, self.orch, effect.model_id, list(effect.node_ids),
-                                (effect.context_length, effect.concurrency,
-                                 [tuple(r) for r in effect.manual_split] if effect.manual_split else None))
+                                effect.links, effect.timing, lambda: self.orch.submit(again))
                 case Readopt(session=s):
                     self._spawn(self._readopt, s)
                 case _:

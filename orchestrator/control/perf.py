@@ -96,27 +96,31 @@ def measure(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str
     return did
 
 
-def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[str], args: tuple) -> None:
-    """After a preview: measure what the plan lacked, then preview again (only if the shown
-    plan is still this one) so every viewer sees the prediction."""
+def lacking(state: State, model_id: str, node_ids: Sequence[str]) -> tuple[bool, bool]:
+    """(links, timing): what a plan over these nodes would gain from measuring (pure); nothing
+    when a node is not registered or has not reported."""
+    nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
+    return missing(nodes, model_id) if len(nodes) == len(node_ids) else (False, False)
+
+
+def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[str], links: bool, timing: bool,
+                          again: Callable[[], None]) -> None:
+    """After a preview (a worker): measure what the plan lacked (`decide` said which), wait for
+    the fresh reports to be applied, then `again` previews it once more (only if it is still
+    the plan shown, `decide` checks) so every viewer sees the prediction."""
     state: State = orch.state
     nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
-    no_links, no_timing = missing(nodes, model_id)
-    if not (no_links or no_timing) or len(nodes) != len(node_ids):
-        return
     try:
         agents = {n.id: orch.agent(n.id) for n in nodes}
-        if any(a is None for a in agents.values()):
+        if len(nodes) != len(node_ids) or any(a is None for a in agents.values()):
             return
-        if not measure(agents, nodes, model_id if no_timing else None, no_links, orch.post, orch.log):  # type: ignore[arg-type]
+        if not measure(agents, nodes, model_id if timing else None, links, orch.post, orch.log):  # type: ignore[arg-type]
             return
     except AgentError as exc:
         orch.log.warning("perf.measure_failed", reason=exc.message)
         return
     deadline = time.monotonic() + 5
-    while missing([orch.state.node(n.id) or n for n in nodes], model_id) == (no_links, no_timing) \
+    while missing([orch.state.node(n.id) or n for n in nodes], model_id) == (links, timing) \
             and time.monotonic() < deadline:
         time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
-    shown = orch.state.plan
-    if shown is not None and shown.model_id == model_id and set(shown.node_ids) == set(node_ids):
-        orch.preview_plan(model_id, node_ids, *args, measure=False)
+    again()

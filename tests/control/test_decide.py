@@ -56,6 +56,7 @@ def prepared(ready: bool = True) -> Preparation:
 BASE = State(settings=Settings(distributed_enabled=True), nodes=(node(0), node(1)))
 PREPARED = BASE.model_copy(update={"preparation": prepared()})
 SERVING = PREPARED.model_copy(update={"sessions": (session(),)})
+SHOWN = apply(BASE, decide(BASE, PreviewPlan(MODEL, ("n0", "n1"), measure=False)).events[0])
 FAULT = Fault(at=1.0, reason="stage-1 gone", processes=("stage-1",), attempts=1)
 
 
@@ -114,6 +115,12 @@ ACCEPTED = [
     ("prepare again once finished", PREPARED, PrepareModel(MODEL, ("n0",)), [], ["RunPreparation"]),
     ("preview and measure", BASE, PreviewPlan(MODEL, ("n0", "n1")), ["plan_previewed"], ["MeasureAfterPreview"]),
     ("preview only", BASE, PreviewPlan(MODEL, ("n0", "n1"), measure=False), ["plan_previewed"], []),
+    ("preview again while it is shown", SHOWN, PreviewPlan(MODEL, ("n1", "n0"), measure=False, only_if_shown=True),
+     ["plan_previewed"], []),
+    ("no preview again once another is shown", SHOWN, PreviewPlan(MODEL, ("n0",), measure=False, only_if_shown=True),
+     [], []),
+    ("no preview again when none is shown", BASE, PreviewPlan(MODEL, ("n0",), measure=False, only_if_shown=True),
+     [], []),
     ("launch a cluster", PREPARED, LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0),
      ["plan_previewed", "session_created"], ["StartLaunch"]),
     ("launch on one node", BASE, LaunchSingle(MODEL, "n0", "s2", 5.0), ["session_created"], ["StartLaunch"]),
@@ -155,7 +162,7 @@ def test_a_preview_shows_what_was_asked_and_the_typed_answer():
     shown = decision.events[0].plan
     assert (shown.model_id, shown.node_ids, shown.context_length) == (MODEL, ("n1", "n0"), 2048)
     assert isinstance(shown.result, Plan) and shown.result.settings.max_concurrent_sequences == 2
-    assert decision.effects == (MeasureAfterPreview(MODEL, ("n1", "n0"), 2048, 2, None),)
+    assert decision.effects == (MeasureAfterPreview(MODEL, ("n1", "n0"), 2048, 2, None, True, True),)
     assert apply(BASE, decision.events[0]).plan == shown
 
 
