@@ -1,11 +1,12 @@
 """Models tab in real Chromium: from a hub repo id to a serving session, then to a cluster.
 
 No hub is reachable, so the Hub stand-in (tests/support/hub.py) serves a test model and the
-agents reach it through HF_ENDPOINT with the real huggingface_hub client. An admin lists the
-repo's files (nothing fetched), downloads it to one node (live progress), serves it there
-(a single-node session: Sessions without the Cluster badge), chats with it and stops it;
-then prepares a second repo on two other nodes (one hub download, one LAN copy, the table
-naming each source) and launches a cluster from them.
+agents reach it through HF_ENDPOINT with the real huggingface_hub client. An admin registers
+the nodes (one from another browser: it appears in the open download form, what was typed
+there kept), lists the repo's files (nothing fetched), downloads it to one node (live
+progress), serves it there (a single-node session: Sessions without the Cluster badge),
+chats with it and stops it; then prepares a second repo on two other nodes (one hub
+download, one LAN copy, the table naming each source) and launches a cluster from them.
 """
 
 from __future__ import annotations

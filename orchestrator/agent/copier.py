@@ -316,9 +316,12 @@ def _hasher(c: Copy) -> None:
             try:
                 p = c.to_hash.get(timeout=0.1)
             except queue.Empty:
-                if c.complete:
+                if not c.complete:
+                    continue  # more files may come
+                try:  # every file was queued before `complete` was set: one more look sees them all
+                    p = c.to_hash.get_nowait()
+                except queue.Empty:
                     return  # the other hashers hold what is left
-                continue
             _verify(c, p)
     except Cancelled:
         c.fail(Cancelled())

@@ -20,7 +20,8 @@ MODEL = "tm"
 PROTECTED = [
     ("POST", "/v1/unpair"), ("GET", "/v1/report"), ("GET", "/v1/models"), ("GET", "/v1/models/tm"),
     ("POST", "/v1/models/tm/check"), ("POST", "/v1/models/tm/tickets"), ("POST", "/v1/models/tm/fetch"),
-    ("GET", "/v1/models/tm/files/config.json"), ("GET", "/v1/downloads"), ("GET", "/v1/downloads/tm"),
+    ("GET", "/v1/models/tm/files"), ("GET", "/v1/models/tm/files/config.json"), ("GET", "/v1/downloads"),
+    ("GET", "/v1/downloads/tm"),
     ("POST", "/v1/downloads/tm/cancel"), ("GET", "/v1/processes"), ("POST", "/v1/processes"),
     ("GET", "/v1/processes/c1/stage-0"), ("POST", "/v1/processes/c1/stage-0/stop"),
     ("GET", "/v1/processes/c1/stage-0/logs"), ("POST", "/v1/leases/c1"),
@@ -185,8 +186,11 @@ def test_a_ticket_reads_one_models_files_and_nothing_else(agent, test_model_dir)
     assert status == 200 and data == json.loads((test_model_dir / "config.json").read_text())
     status, _ = raw(agent, "GET", "/v1/models/other/files/config.json", token=ticket)
     assert status == 403
+    status, listed = raw(agent, "GET", "/v1/models/tm/files", token=ticket)  # what a following peer reads
+    assert status == 200 and listed["complete"] and "config.json" in listed["manifest"]["files"]
+    assert raw(agent, "GET", "/v1/models/other/files", token=ticket)[0] == 403
     for method, path in PROTECTED:
-        if "/files/" not in path:
+        if "/files" not in path:
             assert raw(agent, method, path, {}, ticket)[0] == 403, path
 
 
