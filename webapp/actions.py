@@ -11,7 +11,6 @@ from .auth import admin_required
 from .components import render
 from .forms import FormError, integer, selection, settings_from
 from .services import current_services, view_context
-from .views.cluster import serving_conflict
 
 bp = Blueprint("actions", __name__)
 
@@ -161,12 +160,7 @@ def launch():
     orch = current_services().orchestrator
     try:
         model, nodes = selection(request.form)
-        # Refused before planning: a plan would count the running stages' memory as taken, and
-        # its "does not fit" would replace the running cluster's plan on every screen.
-        busy = serving_conflict(orch.state, model, nodes)
-        if busy:
-            raise CommandRefused(busy)
-        orch.launch_cluster(model, nodes, _context_length())
+        orch.launch_cluster(model, nodes, _context_length())  # refused while the nodes serve it (decide.py)
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Launch cluster: {exc}")
     return _accepted_in_form(_component("cluster-monitor"))

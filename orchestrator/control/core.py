@@ -71,11 +71,15 @@ class Orchestrator:
         self.models = ModelManager(self)  # Models tab: hub downloads, single-node serving, deletion
 
     # --- lifecycle ------------------------------------------------------------------------
-    def start(self) -> "Orchestrator":
-        """Load persisted state, start the thread and the watcher, and look at live sessions."""
+    def start(self, *, look: bool = True) -> "Orchestrator":
+        """Load persisted state, start the thread and the watcher, and look at live sessions.
+        `look=False` starts the thread alone: commands are decided, but nothing reaches out to
+        agents, the hub or the network (tests rendering a hand-made state)."""
         self._state = store.load(self.state_dir)
         self._thread = threading.Thread(target=self._run, name="orchestrator", daemon=True)
         self._thread.start()
+        if not look:
+            return self
         for s in self._state.sessions:
             self.effects.inspect_after_restart(s)  # re-adopt, repair or clean up (decide: ResumeSession)
         self.watcher.start()

@@ -181,6 +181,9 @@ def _preview_plan(state: State, c: PreviewPlan) -> Decision:
 def _launch_cluster(state: State, c: LaunchCluster) -> Decision:
     """Launch over prepared nodes: the plan is previewed (every viewer sees what launches, or
     why not), then the session created from it."""
+    busy = serving_conflict(state, c.model_id, list(c.node_ids))
+    if busy:  # refused before planning: the running cluster's plan stays on every screen
+        raise CommandRefused(busy)
     prep = state.preparation
     if prep is None or prep.model_id != c.model_id or not prep.ready or \
             not set(c.node_ids) <= {n.node_id for n in prep.nodes}:
@@ -243,6 +246,22 @@ def _resume(state: State, c: ResumeSession) -> Decision:
     reason = f"cleaned up after a dashboard restart: {c.problem or 'it was ' + s.phase}"
     return Decision((ev.HealthChanged(session_id=s.id, health="Unhealthy", phase="stopping", reason=reason),),
                     (StartTeardown(s, "Unhealthy", reason),))
+
+
+def serving_conflict(state: State, model_id: str | None, node_ids: list[str]) -> str | None:
+    """Why Launch cluster must wait when selected nodes already serve this model (None if they
+    do not): the planner would count the running stages' memory as taken and refuse with a
+    misleading "does not fit" (the form disables Launch with this reason, too)."""
+    chosen = set(node_ids)
+    for s in state.sessions:
+        shared = chosen & set(s.node_ids)
+        if s.model_id != model_id or not shared:
+            continue
+        names = [n.name for n in state.nodes if n.id in shared] or sorted(shared)
+        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        return (f"{who} already serve{'s' if len(names) == 1 else ''} {s.model_name} as {s.name}: "
+                f"stop that cluster first to launch it again")
+    return None
 
 
 # --- react ----------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ REFUSED = [
     ("session on an unregistered node", BASE.model_copy(update={"nodes": (node(0),)}),
      LaunchSession(session("s2"), MODEL, 5.0), "'n1' is not registered"),
     ("session name already live", SERVING, LaunchSession(session("s2"), MODEL, 5.0), "already live"),
+    ("launch what the nodes already serve", SERVING, LaunchCluster(MODEL, ("n1", "n0"), "s2", 5.0),
+     "node-a and node-b already serve smol as smol-2stage: stop that cluster first"),
     ("stop an unknown session", BASE, StopSession("nobody"), "no live session"),
     ("stop an ended session", BASE.model_copy(update={"history": (session(phase="stopped"),)}), StopSession("s1"),
      "no live session"),
@@ -175,7 +177,8 @@ def test_a_launch_the_planner_refuses_shows_the_refusal_then_is_refused():
 
 
 def test_a_launch_whose_name_is_live_keeps_the_preview_and_is_refused():
-    busy = PREPARED.model_copy(update={"sessions": (session("s9", name="smol-2stage"),)})
+    other = session("s9", name="smol-2stage").model_copy(update={"model_id": "other"})  # the name, not the model
+    busy = PREPARED.model_copy(update={"sessions": (other,)})
     decision = decide(busy, LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0))
     assert kinds(decision) == ["plan_previewed"] and "already live" in decision.refusal
 

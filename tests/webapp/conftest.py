@@ -66,14 +66,15 @@ def web(tmp_path: Path) -> Iterator[Web]:
 
 
 @pytest.fixture
-def rich(tmp_path: Path) -> Web:
-    """An orchestrator that is never started, holding a hand-made state with everything in it
-    (nodes, a discovered node, a plan, a preparation, a running cluster with samples, an
-    ended one): for rendering every component."""
+def rich(tmp_path: Path) -> Iterator[Web]:
+    """An orchestrator holding a hand-made state with everything in it (nodes, a discovered
+    node, a plan, a preparation, a running cluster with samples, an ended one): for rendering
+    every component. Its thread decides commands; it never looks at the (made-up) nodes."""
     (tmp_path / "router.yaml").write_text("backends: []\n")
-    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml"))
+    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml")).start(look=False)
     orch._state = rich_state()
-    return make_web(tmp_path, orch)
+    yield make_web(tmp_path, orch)
+    orch.stop()
 
 
 def buttons(html: str) -> list[tuple[str, bool]]:

@@ -6,6 +6,7 @@ import hashlib
 import json
 from typing import Any
 
+from orchestrator.control.decide import serving_conflict
 from orchestrator.control.state import NodePreparation, Session, State
 
 from .charts import throughput_chart
@@ -58,22 +59,6 @@ def options_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     facts["serving"] = [(s.model_id, s.node_ids) for s in state.sessions]
     blob = json.dumps(facts, sort_keys=True, default=str).encode()
     return {"digest": hashlib.sha256(blob).hexdigest()[:16]}
-
-
-def serving_conflict(state: State, model_id: str | None, node_ids: list[str]) -> str | None:
-    """Why Launch cluster must wait when selected nodes already serve this model (None if they
-    do not): the planner would count the running stages' memory as taken and refuse with a
-    misleading "does not fit"."""
-    chosen = set(node_ids)
-    for s in state.sessions:
-        shared = chosen & set(s.node_ids)
-        if s.model_id != model_id or not shared:
-            continue
-        names = [n.name for n in state.nodes if n.id in shared] or sorted(shared)
-        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-        return (f"{who} already serve{'s' if len(names) == 1 else ''} {s.model_name} as {s.name}: "
-                f"stop that cluster first to launch it again")
-    return None
 
 
 def _current_choice(state: State) -> tuple[str | None, list[str], int]:
