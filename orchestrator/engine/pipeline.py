@@ -4,7 +4,8 @@ One thread owns all scheduling state and is fed by one inbox (submissions and
 cancellations from HTTP threads, frames and link events from the stage links). Prefill is
 sent in `prefill_step_size` chunks exactly as `mlx_lm.generate_step` does; decode steps of
 ready requests are grouped into micro-batches, with up to one group in flight per stage so
-that every stage works on a different group at the same time.
+that every stage works on a different group at the same time. Watching the stages (pings,
+wedges, the readiness probe, a moved stage) is the other half of the thread: `liveness`.
 """
 
 from __future__ import annotations
@@ -18,28 +19,14 @@ from dataclasses import dataclass
 
 from ..logs import EventLogger
 from .config import ClusterConfig
-from .generation import (Failed, Finished, Generation, GenerationParams, Health, NotReady, StageHealth,
-                         TokenEvent)
+from .generation import Failed, Finished, Generation, GenerationParams, NotReady, TokenEvent
 from .links import StageLink, now
+from .liveness import TICK, Liveness
 from .metrics import Metrics
-from .routes import route_frame
 from .sampling import decode_result
 from .tensors import tokens_frame
 from .watchdog import Watchdog, canary_interval, stall_timeout
 from .wire import Flag, Frame, FrameError, Kind, json_frame
-
-PING_INTERVAL = 0.5
-PING_TIMEOUT = 3.0  # a stage silent this long is lost (its reader answers pings even mid-prefill)
-TICK = 0.1
-PROBE_TIMEOUT = 60.0  # the probe is a few tokens: only a broken pipeline takes this long
-# The readiness probe runs the paths requests take: a prefill chunk, a sampled token, then
-# decode steps of two requests at once (a micro-batch on every stage). Both requests travel
-# together — one group of prefill chunks, then one batched step that samples — so a probe
-# is 4 steps per stage, not 8: a fresh stage's first steps are its slowest (recovery time).
-PROBE_PROMPT = [0, 1, 2, 3]
-PROBE_TOKENS = 2
-PROBE_REQUESTS = 2
-REPROBE_INTERVAL = 5.0
 
 
 @dataclass
@@ -55,7 +42,7 @@ class _Active:
     opened: Frame | None = None  # its OPEN frame, sent ahead of its first chunk
 
 
-class Pipeline:
+class Pipeline(Liveness):
     """Coordinator-side engine over the configured stages."""
 
     def __init__(self, config: ClusterConfig, secret: bytes, eos_ids: set[int], context_length: int,
@@ -146,111 +133,6 @@ class Pipeline:
             if self.links[item[1]].conn is item[2]:
                 self._lose(item[1], item[3])
 
-    def _tick(self) -> None:
-        t = now()
-        if t - self._last_tick < TICK:
-            return
-        self._last_tick = t
-        if t - self._last_ping >= PING_INTERVAL:
-            self._last_ping = t
-            for link in self.links:
-                if link.conn is not None:
-                    self._send(link.index, [Frame(Kind.PING)])
-        for link in self.links:
-            seen = self._last_seen.get(link.index)
-            if link.conn is not None and seen is not None and t - seen > PING_TIMEOUT:
-                self._lose(link.index, f"no answer for {PING_TIMEOUT:.1f} s")
-        self._watch(t)
-        probe = next((a for a in self._active.values() if a.internal and not a.canary), None)
-        if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
-            self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
-        elif (probe is None and self._state == "unhealthy" and all(l.conn is not None for l in self.links)
-              and not self._wedged and t - self._last_probe > REPROBE_INTERVAL):
-            self._probe()
-        self.health = self._snapshot()
-
-    def _watch(self, t: float) -> None:
-        """Wedge detection (see `watchdog`): a stuck stage, an overdue canary; an idle pipeline
-        sends a canary now and then, so a stage that wedged while idle is found before a request is."""
-        for link in self.links:
-            if link.conn is not None and link.index not in self._wedged:
-                why = self.watchdog.wedged(link.index, t)
-                if why:
-                    self._wedge(link.index, why)
-        overdue = self.watchdog.canary_overdue(t)
-        if overdue is not None:
-            self._wedge(*overdue)
-        if any(not a.canary for a in self._active.values()):
-            self._last_busy = t
-        elif (self._state == "ready" and not self._active and self.watchdog.canary_sent_at is None
-              and t - self._last_busy > self._canary_every):
-            self._last_busy = t
-            self.watchdog.canary_sent(t)
-            self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
-                        internal=True, canary=True)
-
-    def _wedge(self, index: int, why: str) -> None:
-        """Declare a stage wedged: its link stays (pings still answer) but nothing is sent through it
-        until its connection goes (the control plane replaces the process)."""
-        self._wedged[index] = why
-        self.watchdog.canary_returned()
-        message = f"pipeline stage {self.links[index].label} wedged: {why}"
-        self.log.warning("stage.wedged", stage=self.links[index].node_id, reason=why, progress=self._stats.get(index),
-                         failed_requests=len(self._active))
-        self._fail_all(message)
-        self._set_state("unhealthy", message)
-
-    def _on_link_up(self, index: int, conn) -> None:
-        link = self.links[index]
-        if link.conn is not None:
-            link.conn.close()
-        link.conn = conn
-        self._last_seen[index] = now()
-        self.watchdog.forget(index)
-        self.log.info("link.up", stage=link.node_id)
-        if all(l.conn is not None for l in self.links):
-            # Stale per-request state from before must go. RESET travels down the chain from
-            # stage 0, so every stage sees it before the probe's OPEN on the same path.
-            # The addresses go first: a stage that moved is then reached by its upstream
-            # neighbour before the RESET and the probe travel the chain.
-            self._send(0, [route_frame([l.address for l in self.links]), Frame(Kind.RESET)])
-            self._probe()
-
-    def _on_reroute(self, index: int, address: tuple[str, int]) -> None:
-        link = self.links[index]
-        if address == link.address:
-            return
-        self.log.info("link.moved", stage=link.node_id, address=f"{address[0]}:{address[1]}",
-                      was=f"{link.address[0]}:{link.address[1]}")
-        link.address = address  # the link's next connect goes there
-        if link.conn is not None:  # still the old process (e.g. its node cut off): leave it
-            self._lose(index, f"moved to {address[0]}:{address[1]}")
-
-    def _probe(self) -> None:
-        """Healthy means generations went through every stage the way requests do, not just open ports."""
-        self._last_probe = now()
-        self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
-        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=PROBE_TOKENS), self._inbox),
-                              internal=True) for _ in range(PROBE_REQUESTS)]
-        chunks = [tokens_frame(a.rid, 0, PROBE_PROMPT[:-1]) for a in members]
-        for a in members:
-            a.position, a.next_token = len(PROBE_PROMPT) - 1, PROBE_PROMPT[-1]
-        if self._send(0, [m.opened for m in members] + chunks):
-            self._launch(members, solo=False)  # not SOLO: a fresh stage warms up on its usual threads
-
-    def _lose(self, index: int, reason: str) -> None:
-        link = self.links[index]
-        if link.conn is not None:
-            link.conn.close()
-            link.conn = None
-        self._stats.pop(index, None)
-        self._wedged.pop(index, None)
-        self.watchdog.forget(index)
-        message = f"pipeline stage {link.label} lost: {reason}"
-        self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self._active))
-        self._fail_all(message)
-        self._set_state("unhealthy" if self._state in ("ready", "warming", "unhealthy") else "starting", message)
-
     def _fail_all(self, message: str) -> None:
         for a in self._active.values():
             a.gen.events.put(Failed(message))
@@ -259,20 +141,6 @@ class Pipeline:
         self._group_of.clear()
         self._group_left.clear()
         self.metrics.set_in_flight(0)
-
-    def _set_state(self, state: str, reason: str) -> None:
-        if (state, reason) != (self._state, self._reason):
-            self.log.info("pipeline.state", state=state, reason=reason)
-        self._state, self._reason = state, reason
-        self.health = self._snapshot()
-
-    def _snapshot(self) -> Health:
-        t = now()
-        return Health(self._state, self._reason, tuple(
-            StageHealth(l.node_id, f"{l.address[0]}:{l.address[1]}", l.conn is not None,
-                        round(t - self._last_seen[l.index], 3) if l.index in self._last_seen and l.conn else None,
-                        dict(self._stats.get(l.index, {})), self._wedged.get(l.index, ""))
-            for l in self.links), len(self._active))
 
     def _shutdown(self) -> None:
         self._fail_all("coordinator shutting down")

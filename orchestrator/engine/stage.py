@@ -9,13 +9,11 @@ connections. Readers feed it through one inbox queue.
 from __future__ import annotations
 
 import errno
-import os
 import queue
-import resource
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -27,6 +25,7 @@ from .faults import Faults
 from .routes import format_address, next_address
 from .sampling import Sampler
 from .shard import StageModel
+from .stage_stats import Progress, StageStats, progress_json, rss_bytes
 from .tensors import from_frame, to_frame
 from .wire import Flag, Frame, FrameError, HandshakeError, Kind, json_frame
 
@@ -42,59 +41,6 @@ class RequestState:
     cache: list[Any]
     sampler: Sampler | None = None
     position: int = 0
-
-
-@dataclass
-class StageStats:
-    """Published by the MLX thread, read by reader threads (replaced, never mutated)."""
-
-    stage: int
-    layers: tuple[int, int]
-    requests: int = 0
-    steps: int = 0
-    step_ms: float = 0.0
-    batch: int = 0
-    max_batch: int = 0
-    rss_bytes: int = 0
-    weight_bytes: int = 0
-    extra: dict = field(default_factory=dict)
-
-    def as_json(self) -> dict:
-        """The PONG payload."""
-        return {
-            "stage": self.stage, "layers": [self.layers[0], self.layers[1] - 1], "requests": self.requests,
-            "steps": self.steps, "step_ms": round(self.step_ms, 3), "batch": self.batch,
-            "max_batch": self.max_batch,
-            "rss_bytes": self.rss_bytes, "weight_bytes": self.weight_bytes, **self.extra,
-        }
-
-
-@dataclass(frozen=True)
-class Progress:
-    """The step the MLX thread is computing now (replaced, never mutated; None between steps)."""
-
-    started: float  # time.monotonic() when the step began
-    request: int  # the first request of the step
-    position: int  # its KV position: where the chunk starts
-    tokens: int  # the chunk's length (1 for a decode step)
-    batch: int  # requests in the step
-
-
-def progress_json(stats: StageStats, current: Progress | None, queued: int, at: float) -> dict:
-    """What a PONG says about progress: the coordinator's watchdog reads it (pure)."""
-    return {"steps": stats.steps, "busy_s": round(at - current.started, 3) if current else 0.0,
-            "request": current.request if current else None,
-            "chunk": [current.position, current.tokens] if current else None,
-            "batch": current.batch if current else 0, "queued": queued, "pid": os.getpid()}
-
-
-def rss_bytes() -> int:
-    """Current resident set size of this process."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize()
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 class Stage:
@@ -453,4 +399,4 @@ def _drain(conn: transport.Connection) -> None:
         conn.close()
 
 
-__all__ = ["Progress", "Stage", "StageStats", "progress_json"]
+__all__ = ["Stage"]

@@ -2,7 +2,7 @@
 
 A stage's reader threads answer pings even when its compute thread is stuck, so liveness
 alone cannot tell a wedged stage from a busy one. Every PONG therefore carries the stage's
-progress (`stage.progress_json`: steps completed, time in the current step, the request and
+progress (`stage_stats.progress_json`: steps completed, time in the current step, the request and
 chunk it works on, work queued). The scheduler feeds each PONG to a `Watchdog`, which says a
 stage is wedged when
 

@@ -174,3 +174,25 @@ def test_models_is_503_until_the_pipeline_is_ready(model_factory, tmp_path):
         assert r.status_code == 503 and "starting" in r.json()["error"]["message"]
     finally:
         cluster.stop()
+
+
+def test_a_stage_address_is_taken_only_when_signed_with_the_cluster_secret(served):
+    """The control plane's POST /admin/stage-address (a stage moved): unsigned or signed with
+    another secret it is refused and nothing changes; signed, it is taken (here: the same address)."""
+    import time
+
+    from orchestrator.engine.routes import ROUTE_PATH, SIGNATURE_HEADER, request_body, sign
+
+    cluster, _ = served
+    stage_1 = next(s["address"] for s in requests.get(cluster.base_url + "/health", timeout=10).json()["stages"]
+                   if s["id"] == "stage-1")
+    moved = request_body(1, "127.0.0.1:9", time.time())
+    for headers in ({}, {SIGNATURE_HEADER: sign(b"not the cluster secret", moved)}):
+        r = requests.post(cluster.base_url + ROUTE_PATH, data=moved, headers=headers, timeout=10)
+        assert r.status_code == 403 and "signature" in r.json()["error"]["message"], r.text
+    same = request_body(1, stage_1, time.time())
+    r = requests.post(cluster.base_url + ROUTE_PATH, data=same, timeout=10,
+                      headers={SIGNATURE_HEADER: sign(cluster.secret.encode(), same)})
+    assert r.status_code == 200 and r.json() == {"stage": 1, "address": stage_1}
+    health = requests.get(cluster.base_url + "/health", timeout=10).json()
+    assert health["status"] == "ready" and [s["address"] for s in health["stages"]][1] == stage_1
