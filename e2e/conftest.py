@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +103,10 @@ class Stack:
         """The demo's node agent called `name`."""
         return next(n for n in self.demo.nodes if n.name == name)
 
+    def nodes(self, *names: str) -> list[LocalAgent]:
+        """The demo's node agents called `names`, in that order."""
+        return [self.node(name) for name in names]
+
     def api_state(self) -> dict:
         """GET /api/state with the admin token."""
         r = requests.get(self.url + "/api/state", headers={"Authorization": f"Bearer {self.demo.admin_token}"},
@@ -177,13 +181,6 @@ def running_stack(demo_model: Path, root: Path) -> Iterator[Stack]:
     assert not leftovers, f"processes outlived their agents: {leftovers}"
 
 
-@pytest.fixture(scope="module")
-def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A module's own stack (`running_stack`)."""
-    with running_stack(demo_model, tmp_path_factory.mktemp("e2e-stack")) as s:
-        yield s
-
-
 # --- browser -------------------------------------------------------------------------------
 
 @contextmanager
@@ -226,22 +223,37 @@ def browser_user(browser: Browser) -> Iterator[BrowserUser]:
         context.close()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
+# --- one walk's fixtures ---------------------------------------------------------------------
+
+def walk_fixtures(scope: str) -> tuple[Callable[..., Iterator[object]], ...]:
+    """The fixtures one walk uses — `stack`, `browser`, `admin` and `viewer` (two people) —
+    living for `scope`: "module" (each module walks on its own), or "package" (one walk split
+    over a package's files, e2e/dashboard/). Assign them to those names in a conftest."""
+
+    @pytest.fixture(scope=scope, name="stack")
+    def stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+        with running_stack(demo_model, tmp_path_factory.mktemp("e2e-stack")) as s:
+            yield s
+
+    @pytest.fixture(scope=scope, name="browser")
+    def browser() -> Iterator[Browser]:
+        with chromium() as b:
+            yield b
+
+    @pytest.fixture(scope=scope, name="admin")
+    def admin(browser: Browser) -> Iterator[BrowserUser]:
+        with browser_user(browser) as u:
+            yield u
+
+    @pytest.fixture(scope=scope, name="viewer")
+    def viewer(browser: Browser) -> Iterator[BrowserUser]:
+        with browser_user(browser) as u:
+            yield u
+
+    return stack, browser, admin, viewer
 
 
-@pytest.fixture(scope="module")
-def admin(browser: Browser) -> Iterator[BrowserUser]:
-    with browser_user(browser) as u:
-        yield u
-
-
-@pytest.fixture(scope="module")
-def viewer(browser: Browser) -> Iterator[BrowserUser]:
-    with browser_user(browser) as u:
-        yield u
+stack, browser, admin, viewer = walk_fixtures("module")
 
 
 @pytest.fixture(scope="session")

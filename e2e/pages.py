@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
+from orchestrator.agent.local import LocalAgent
+
 DISCOVERY_MS = 30_000  # zeroconf lists a node within this on a loaded machine
+LIVE = 20_000  # ms: a pushed change shows up well within this, without a reload, on a loaded machine
 
 
 def nav(page: Page, name: str) -> None:
@@ -118,6 +122,12 @@ def add_node(page: Page, name: str, address: str, token: str) -> None:
     expect(node_entry(page, name)).to_contain_text("Reachable")
 
 
+def add_nodes(page: Page, agents: Iterable[LocalAgent]) -> None:
+    """`add_node` for each of these agents, in order."""
+    for agent in agents:
+        add_node(page, agent.name, agent.address, agent.token or "")
+
+
 def add_discovered_node(page: Page, name: str, address: str, token: str, timeout_ms: float = DISCOVERY_MS) -> None:
     """Register node `name` through its discovery hint (zeroconf): its Register button fills the
     Add node form with the address; the pairing token is still typed. Fails the test when the
@@ -132,3 +142,12 @@ def add_discovered_node(page: Page, name: str, address: str, token: str, timeout
     page.get_by_label("Pairing token", exact=True).fill(token)
     page.get_by_role("button", name="Add node").click()
     expect(node_entry(page, name)).to_contain_text("Reachable")
+
+
+def prepare_and_launch(page: Page, healthy_within_ms: float) -> None:
+    """Prepare on all nodes, then Launch cluster once the model is ready everywhere; wait until
+    the cluster monitor's badge says Healthy."""
+    page.get_by_role("button", name="Prepare on all nodes").click()
+    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
+    page.get_by_role("button", name="Launch cluster").click()
+    expect(badge(page, "Healthy")).to_be_visible(timeout=healthy_within_ms)

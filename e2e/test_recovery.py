@@ -15,7 +15,8 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from e2e.pages import add_node, badge, log_in, monitor, nav, node_toggle, open_distributed, save_distributed_settings
+from e2e.pages import (add_nodes, log_in, monitor, nav, open_distributed, prepare_and_launch,
+                       save_distributed_settings, select_cluster)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -47,18 +48,11 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
     wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings to be saved")
     assert stack.api_state()["settings"]["auto_restart"] is True
     open_distributed(page)
-    for name in ("node-a", "node-b"):
-        node = stack.node(name)
-        add_node(page, name, node.address, node.token)
-    page.get_by_label("Model", exact=True).select_option(MODEL_ID)
-    for name in ("node-a", "node-b"):
-        node_toggle(page, name).check()
+    add_nodes(page, stack.nodes("node-a", "node-b"))
+    select_cluster(page, MODEL_ID, ("node-a", "node-b"))
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("node-b")
-    page.get_by_role("button", name="Prepare on all nodes").click()
-    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
-    page.get_by_role("button", name="Launch cluster").click()
-    expect(badge(page, "Healthy")).to_be_visible(timeout=180_000)
+    prepare_and_launch(page, healthy_within_ms=180_000)
     wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
     shots(page, "r1-healthy")
 

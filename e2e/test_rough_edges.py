@@ -15,13 +15,12 @@ import time
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from e2e.pages import add_node, log_in, node_toggle, save_distributed_settings
+from e2e.pages import LIVE, add_node, add_nodes, log_in, node_toggle, save_distributed_settings, select_cluster
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
 pytestmark = pytest.mark.incremental
 
-LIVE = 20_000  # ms: a pushed change shows up well within this on a loaded machine
 DECIMAL_UNITS = re.compile(r"\d\s?(?:KB|MB|GB|TB)\b")
 
 RECORD = """() => {
@@ -55,14 +54,10 @@ def test_1_the_distributed_tab_appears_live_when_another_admin_turns_it_on(stack
 
 def test_2_sizes_are_binary_units_everywhere(stack, admin):
     page = admin.page
-    for name in ("node-a", "node-b"):
-        node = stack.node(name)
-        add_node(page, name, node.address, node.token)
+    add_nodes(page, stack.nodes("node-a", "node-b"))
     # 1100M budgets: 1.07 GiB, not "1.2 GB"
     expect(node_choice(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) free"), timeout=LIVE)
-    page.get_by_label("Model", exact=True).select_option(MODEL_ID)
-    for name in ("node-a", "node-b"):
-        node_toggle(page, name).check()
+    select_cluster(page, MODEL_ID, ("node-a", "node-b"))
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("MiB")
     for component in ("#nodes", "#cluster-form", "#plan-preview"):

@@ -14,7 +14,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from e2e.pages import (add_discovered_node, add_node, enable_distributed_serving, entry, mark_document,
+from e2e.pages import (LIVE, add_discovered_node, add_nodes, enable_distributed_serving, entry, mark_document,
                        node_entry, node_toggle, open_distributed, save_distributed_settings, select_cluster,
                        submit_login)
 from orchestrator.demo_stack import MODEL_ID
@@ -22,7 +22,6 @@ from orchestrator.proc import wait_until
 
 pytestmark = pytest.mark.incremental(package=True)
 
-LIVE = 20_000  # ms: a pushed change must show up well within this without a reload
 TWO_NODES = ("node-a", "node-b")
 
 
@@ -61,9 +60,7 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
     viewer.document = mark_document(viewer.page)
 
     open_distributed(page)
-    for name in ("node-a", "node-b"):
-        node = stack.node(name)
-        add_node(page, name, node.address, node.token)
+    add_nodes(page, stack.nodes("node-a", "node-b"))
     # node-c through discovery (zeroconf on 127.0.0.1): a hint that still needs the token.
     c = stack.node("node-c")
     add_discovered_node(page, c.name, c.address, c.token)

@@ -15,13 +15,11 @@ import signal
 import pytest
 from playwright.sync_api import expect
 
-from e2e.pages import badge, cluster_rows, mark_document, monitor, nav, open_distributed, same_document
+from e2e.pages import LIVE, badge, cluster_rows, mark_document, monitor, nav, open_distributed, same_document
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
 pytestmark = pytest.mark.incremental(package=True)
-
-LIVE = 20_000  # ms: a pushed change must show up well within this without a reload
 
 
 # --- 4 ------------------------------------------------------------------------------------

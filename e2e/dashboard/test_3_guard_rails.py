@@ -13,13 +13,12 @@ import socket
 import pytest
 from playwright.sync_api import Page, expect
 
-from e2e.pages import badge, monitor, same_document, select_cluster
+from e2e.pages import LIVE, badge, monitor, same_document, select_cluster
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
 pytestmark = pytest.mark.incremental(package=True)
 
-LIVE = 20_000  # ms: a pushed change must show up well within this without a reload
 TWO_NODES = ("node-a", "node-b")
 
 

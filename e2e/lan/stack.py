@@ -11,13 +11,17 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from orchestrator.agent.local import SHARED_HOST_BLAS
 from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID
 
-from .netns import REPO, Lan, LanHost
+from .netns import REPO, Lan, LanHost, joined
 
 AGENT_PORT = 39500
 TRANSPORT = (39600, 39629)  # every node has its own IP, so each may use the whole range
@@ -79,11 +83,12 @@ class LanStack:
         self.procs.append(proc)
         return proc
 
-    def start(self, model_src: Path, model_on: int = 0) -> "LanStack":
-        """Put the model on one node, start everything, wait for tokens and answers."""
+    def start(self, model_src: Path, model_on: tuple[int, ...] = (0,)) -> "LanStack":
+        """Put the model on the nodes `model_on` (indexes), start everything, wait for tokens and answers."""
         for node in self.lan.nodes:
             self.models_dir(node).mkdir(parents=True, exist_ok=True)
-        shutil.copytree(model_src, self.models_dir(self.lan.nodes[model_on]) / MODEL_ID)
+        for i in model_on:
+            shutil.copytree(model_src, self.models_dir(self.lan.nodes[i]) / MODEL_ID)
         router_yaml = self.root / "router.yaml"
         router_yaml.write_text("backends: []\nhealth_checks: {enabled: true, interval: 1s, timeout: 2s, "
                                "unhealthy_threshold: 1, healthy_threshold: 1, endpoint: /v1/models}\n")
@@ -125,3 +130,20 @@ class LanStack:
             except subprocess.TimeoutExpired:
                 os.killpg(p.popen.pid, 9)
                 p.popen.wait(5)
+
+
+@contextmanager
+def running_lan_stack(lan: Lan, root: Path, model_src: Path, model_on: tuple[int, ...] = (0,)) -> Iterator[LanStack]:
+    """A started `LanStack`, with this thread (its HTTP requests, a browser it starts) joined to
+    the control namespace. Fails the test when the stack does not start; stops it and prints
+    its logs (shown by pytest when something failed) on the way out."""
+    stack = LanStack(lan, root)
+    try:
+        stack.start(model_src, model_on)
+        with joined(lan.control):
+            yield stack
+    except StackError as exc:
+        pytest.fail(f"the LAN stack did not start: {exc}", pytrace=False)
+    finally:
+        stack.stop()
+        print(stack.logs())

@@ -17,13 +17,14 @@ import requests
 from playwright.sync_api import expect
 
 from e2e.conftest import ARTIFACTS, browser_user, chromium
-from e2e.pages import add_discovered_node, add_node, badge, enable_distributed_serving, log_in, node_toggle, open_distributed
+from e2e.pages import (add_discovered_node, add_node, enable_distributed_serving, log_in, open_distributed,
+                       prepare_and_launch, select_cluster)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
-from .netns import Lan, joined, remove_leftovers, unavailable
+from .netns import Lan, remove_leftovers, unavailable
 from .profiles import PROFILES
-from .stack import LanStack, StackError
+from .stack import LanStack, running_lan_stack
 
 WHY = unavailable()
 pytestmark = [pytest.mark.incremental, pytest.mark.skipif(WHY is not None, reason=WHY or "")]
@@ -33,17 +34,9 @@ PROFILE = "1gbe"
 @pytest.fixture(scope="module")
 def lan_stack(demo_model: Path, tmp_path_factory: pytest.TempPathFactory):
     remove_leftovers()
-    with Lan(PROFILES[PROFILE], 3) as lan:
-        stack = LanStack(lan, tmp_path_factory.mktemp("lan-stack"))
-        try:
-            stack.start(demo_model)
-            with joined(lan.control):  # this thread (requests, the browser it starts) lives on the LAN
-                yield stack
-        except StackError as exc:
-            pytest.fail(f"the LAN stack did not start: {exc}", pytrace=False)
-        finally:
-            stack.stop()
-            print(stack.logs())
+    with Lan(PROFILES[PROFILE], 3) as lan, running_lan_stack(lan, tmp_path_factory.mktemp("lan-stack"),
+                                                             demo_model) as stack:
+        yield stack  # this thread (requests, the browser it starts) lives on the LAN
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +69,7 @@ def test_1_nodes_at_their_own_addresses_by_address_and_by_zeroconf(lan_stack, pa
 
 def test_2_plan_preview_shows_measured_links_and_predictions(lan_stack, page):
     s = lan_stack
-    page.get_by_label("Model", exact=True).select_option(MODEL_ID)
-    for name in ("node-a", "node-b"):
-        node_toggle(page, name).check()
+    select_cluster(page, MODEL_ID, ("node-a", "node-b"))
     page.get_by_label("Context length").fill("2048")
     page.get_by_role("button", name="Preview shard plan").click()
     plan = page.locator("#plan-preview")
@@ -110,10 +101,7 @@ def test_2_plan_preview_shows_measured_links_and_predictions(lan_stack, page):
 
 def test_3_prepare_launch_and_chat_across_namespaces(lan_stack, page):
     s = lan_stack
-    page.get_by_role("button", name="Prepare on all nodes").click()
-    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
-    page.get_by_role("button", name="Launch cluster").click()
-    expect(badge(page, "Healthy")).to_be_visible(timeout=240_000)
+    prepare_and_launch(page, healthy_within_ms=240_000)
     [session] = api_state(s)["sessions"]
     assert {st["host"] for st in session["stages"]} == {s.lan.nodes[0].ip, s.lan.nodes[1].ip}
     wait_until(lambda: MODEL_ID in [m["id"] for m in requests.get(s.router_url + "/v1/models", timeout=5)

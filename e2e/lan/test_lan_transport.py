@@ -11,7 +11,6 @@ the reason, where the LAN cannot be built (not root).
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,9 +26,9 @@ from orchestrator.planner import Plan, PlanSettings, Refusal, node_facts_from_re
     plan_to_cluster_toml
 from orchestrator.planner.result import RefusalCode
 
-from .netns import Lan, joined, remove_leftovers, run, unavailable
+from .netns import Lan, remove_leftovers, run, unavailable
 from .profiles import PROFILES
-from .stack import AGENT_PORT, LanStack, StackError
+from .stack import AGENT_PORT, LanStack, running_lan_stack
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
@@ -66,17 +65,8 @@ def test_thunderbolt_binds_on_the_cable_and_refuses_a_node_without_one(demo_mode
     remove_leftovers()
     with Lan(PROFILES["loopback"], 3) as lan:
         cable(lan)
-        stack = LanStack(lan, tmp_path)
-        shutil.copytree(demo_model, stack.models_dir(lan.nodes[1]) / MODEL_ID)  # stage 1 runs there
-        try:
-            stack.start(demo_model)
-            with joined(lan.control):
-                check(stack)
-        except StackError as exc:
-            pytest.fail(f"the LAN stack did not start: {exc}", pytrace=False)
-        finally:
-            stack.stop()
-            print(stack.logs())
+        with running_lan_stack(lan, tmp_path, demo_model, model_on=(0, 1)) as stack:  # stage 1 runs on node 1
+            check(stack)
 
 
 def check(stack: LanStack) -> None:
