@@ -18,6 +18,7 @@ from typing import Iterator
 import pytest
 import yaml
 
+from orchestrator.agent.client import AgentError
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Settings
@@ -149,8 +150,9 @@ def test_a_stale_stage_on_a_node_that_was_cut_off_ends_with_its_lease(env3: Env)
     finally:
         env.agents[1].proc.send(signal.SIGCONT)
     wait_router_lists(env, True, timeout=30)
+    # ignore: a kept-alive connection to the agent may have been closed while it was frozen
     wait_until(lambda: not any(p.alive for p in env.agents[1].client.processes() if p.cluster_id == s.id), 60,
-               message="node-b's agent did not stop its stale stage")
+               message="node-b's agent did not stop its stale stage", ignore=(AgentError,))
     [gone] = [p for p in env.agents[1].client.processes() if p.cluster_id == s.id]
     # Its lease ran out, or the recovery's stop request (sent while it was frozen) came through first.
     assert gone.stop_reason in ("lease expired", "requested"), gone
