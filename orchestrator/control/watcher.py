@@ -96,7 +96,7 @@ class Watcher:
 
     def __init__(self, snapshot: Callable[[], State], agents: Callable[[str], AgentClient | None], post: Post,
                  interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, confirm_s: float = 1.5) -> None:
         self._snapshot = snapshot
         self._clock = clock  # injected: tests move time for this watcher only, not for every thread
         self._agents = agents
@@ -110,6 +110,11 @@ class Watcher:
         self._last_report = 0.0
         self._tokens: dict[str, tuple[Reading, ...]] = {}  # session id -> recent token counter readings
         self._serving: set[str] = set()  # nodes that live sessions ran on at the last cycle
+        # A problem seen only as silence (a /health or an agent listing that did not answer in
+        # time) is a fault once it lasts confirm_s: one slow answer on a loaded machine must not
+        # replace a healthy coordinator. A process known dead is a fault at once.
+        self.confirm_s = confirm_s
+        self._suspects: dict[str, float] = {}  # session id -> when its unconfirmed problem was first seen
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -145,6 +150,7 @@ class Watcher:
         node_ids = {nid for s in running for nid in s.node_ids}
         listed = dict(zip(node_ids, self._pool.map(self._processes, node_ids)))
         self._tokens = {k: v for k, v in self._tokens.items() if any(s.id == k for s in running)}
+        self._suspects = {k: v for k, v in self._suspects.items() if any(s.id == k for s in running)}
         for s in running:
             self._observe(s, listed)
         # A node whose session just ended (stopped, torn down, failed to launch) reports now: its
@@ -189,8 +195,21 @@ class Watcher:
         fresh = not same_reading(s.samples[-1] if s.samples else None, look)
         if fresh or statuses != s.stage_status:
             self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=look if fresh else None))
-        if problem and s.phase == "running":
+        if problem and s.phase == "running" and self._confirmed(s.id, processes, coordinator):
             self._post(ev.SessionFaulted(session_id=s.id, reason=problem, processes=culprits, at=self._clock.time()))
+        elif not problem:
+            self._suspects.pop(s.id, None)
+
+    def _confirmed(self, session_id: str, processes: dict[str, ProcessInfo | None], coordinator: dict | None) -> bool:
+        """Whether a session's problem is a fault now: at once when a process is known dead or the
+        coordinator itself said what is wrong; when it is only silence, once it has lasted confirm_s."""
+        known_dead = any(p is not None and not p.alive for p in processes.values())
+        silent = coordinator is None or any(p is None for p in processes.values())
+        if known_dead or not silent:
+            self._suspects.pop(session_id, None)
+            return True
+        first = self._suspects.setdefault(session_id, self._clock.monotonic())
+        return self._clock.monotonic() - first >= self.confirm_s
 
     def _read_tokens(self, s: Session) -> Reading | None:
         """The coordinator's generated-token counter and when it was read (None if unreadable)."""

@@ -34,6 +34,8 @@ def coordinator(monkeypatch):
     world = {"tokens": 0, "step_ms": [10.0, 20.0], "metrics": True}
 
     def get(url: str, timeout: float = 0) -> FakeResponse:
+        if url.endswith("/health") and world.get("silent"):
+            raise watcher_module.requests.Timeout("read timed out")
         if url.endswith("/health"):
             return FakeResponse(200, {"status": "ready", "stages": [
                 {"id": f"stage-{i}", "state": "up", "step_ms": ms} for i, ms in enumerate(world["step_ms"])]})
@@ -82,6 +84,33 @@ def test_only_changes_are_posted_and_tokens_per_second_comes_from_the_counter(co
     assert [x.tokens_per_s for x in samples][:2] == [None, 0.0] and len(samples) == 4
     coordinator["metrics"] = False  # /metrics unreadable: the rate is unknown again, not a stale number
     assert look()[0].sample.tokens_per_s is None
+
+
+def test_silence_is_a_fault_only_once_it_lasts_but_a_dead_process_is_one_at_once(coordinator):
+    """One slow /health on a loaded machine must not replace a healthy coordinator."""
+    posted: list[ev.Event] = []
+    s = session()
+    w = Watcher(lambda: State(sessions=(s,)), lambda n: None, posted.append, clock=coordinator["clock"], confirm_s=1.5)
+
+    def faults(advance: float, listed: dict | None = None) -> list[ev.SessionFaulted]:
+        coordinator["clock"].advance(advance)
+        posted.clear()
+        w._observe(s, listed or processes(s))
+        return [e for e in posted if isinstance(e, ev.SessionFaulted)]
+
+    coordinator["silent"] = True
+    assert faults(0.5) == [] and faults(0.5) == []  # silent for 0.5 s, then 1.0 s: not yet
+    coordinator["silent"] = False
+    assert faults(0.5) == []  # it answered: the suspicion ends
+    coordinator["silent"] = True
+    assert faults(0.5) == [] and faults(1.0) == []  # a new silence counts from its own start
+    (fault,) = faults(0.5)  # 1.5 s of silence
+    assert "coordinator unreachable" in fault.reason and fault.processes == ("coordinator",)
+    dead = processes(s)
+    dead["n1"] = [p.model_copy(update={"alive": False, "exit_code": -9}) for p in dead["n1"]]
+    coordinator["silent"] = False
+    (fault,) = faults(0.0, dead)  # known dead: no waiting
+    assert "stage-1" in fault.processes
 
 
 def test_nodes_of_a_session_that_ended_report_at_once_not_at_the_next_round():
