@@ -9,6 +9,7 @@ or not.
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from typing import Any, Callable
@@ -26,6 +27,7 @@ MAX_BODY = 4 * 1024 * 1024
 EVENT_TIMEOUT = 600.0  # the scheduler always answers; this only guards against a bug hanging a client
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks whether its client is still there
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+HEALTH_WAIT_MAX_S = 10.0  # a long poll of /health holds one server thread at most this long
 
 
 class Coordinator:
@@ -53,9 +55,13 @@ class Coordinator:
         self.pipeline.reroute(stage, address)
         return 200, {"stage": stage, "address": format_address(address)}
 
-    def health(self) -> tuple[int, dict]:
-        """Status code and body of GET /health."""
+    def health(self, wait_s: float = 0.0, unless: str | None = None) -> tuple[int, dict]:
+        """Status code and body of GET /health; with `unless` (a state) and `wait_s`, answered
+        once the state is another or after wait_s (a long poll: the control plane's watcher
+        hears of a lost stage at once)."""
         h = self.pipeline.health
+        if unless is not None and wait_s > 0 and h.state == unless:
+            h = self.pipeline.wait_while(unless, min(wait_s, HEALTH_WAIT_MAX_S))
         body = {
             "status": h.state, "ready": h.ready, "reason": h.reason, "model": self.model_name,
             "in_flight": h.in_flight,
@@ -259,6 +265,15 @@ def _stream(c: Coordinator, request: Request, kind: str, gen: Generator) -> None
     events.end()
 
 
+def _health_wait(query: dict[str, str]) -> tuple[float, str | None]:
+    """(seconds, state) of `/health?wait=S&unless=STATE`; no wait when absent or malformed."""
+    try:
+        wait_s = float(query.get("wait", 0))
+    except ValueError:
+        return 0.0, None
+    return (wait_s if math.isfinite(wait_s) and wait_s > 0 else 0.0), query.get("unless") or None
+
+
 def build_app(c: Coordinator) -> App:
     """The coordinator's routes; every completion request is counted in the metrics by status."""
 
@@ -267,7 +282,7 @@ def build_app(c: Coordinator) -> App:
             c.metrics.count_request(request.path if request.path in ENDPOINTS else "other", status)
 
     routes = [
-        route("GET", "/health", lambda _: c.health()),
+        route("GET", "/health", lambda r: c.health(*_health_wait(r.query))),
         route("GET", "/v1/models", lambda _: c.models()),
         route("POST", ROUTE_PATH, c.move_stage),
         route("GET", "/metrics", lambda _: Raw(c.metrics.render().encode(), "text/plain; version=0.0.4")),

@@ -11,6 +11,7 @@ coming up resets the stages and runs the readiness probe; a stage that moved to 
 from __future__ import annotations
 
 import queue
+import threading
 from typing import TYPE_CHECKING, Any
 
 from ..logs import EventLogger
@@ -58,6 +59,7 @@ class Liveness:
     _last_probe: float
     _last_busy: float
     _canary_every: float
+    _state_changed: threading.Condition
 
     # Supplied by the request half (pipeline.Pipeline).
     def _open(self, gen: Generation, internal: bool, canary: bool = False) -> "_Active": ...
@@ -177,6 +179,16 @@ class Liveness:
             self.log.info("pipeline.state", state=state, reason=reason)
         self._state, self._reason = state, reason
         self.health = self._snapshot()
+        with self._state_changed:
+            self._state_changed.notify_all()
+
+    def wait_while(self, state: str, timeout: float) -> Health:
+        """The health once the pipeline's state is no longer `state`, or after `timeout` s
+        (any thread). A watcher long-polls this: a lost stage is known to the control plane
+        when the coordinator learns it (its socket closed), not at the watcher's next look."""
+        with self._state_changed:
+            self._state_changed.wait_for(lambda: self.health.state != state, timeout)
+        return self.health
 
     def _snapshot(self) -> Health:
         t = now()

@@ -77,6 +77,7 @@ class Pipeline(Liveness):
         self._canary_every = canary_interval()
         self._last_busy = now()
         self._state, self._reason = "starting", "connecting to stages"
+        self._state_changed = threading.Condition()  # wakes `/health?wait=` long polls (liveness.wait_while)
         self._stop = threading.Event()
         self.health = self._snapshot()
 

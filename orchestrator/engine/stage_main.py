@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import logs
 from . import blas
 from .config import ConfigError, load_config, read_secret
+from .lean_import import import_model_code_only
 from .parent_watch import watch_parent
 
 
@@ -40,13 +41,15 @@ def run(args: argparse.Namespace) -> int:
         log.error("config.invalid", reason=exc)
         return 2
     which_blas = blas.preload(args.threads, args.solo_threads)  # before mlx is imported
+    lean = import_model_code_only()  # before shard: a stage never tokenizes (a second of start-up)
     from . import transport
     from .shard import ShardError, StageModel
     from .stage import Stage
 
     host, port = node.host_port
     start, end = node.layer_range
-    log.info("stage.starting", stage=node.stage, layers=node.layers, address=node.address, blas=which_blas, pid=os.getpid())
+    log.info("stage.starting", stage=node.stage, layers=node.layers, address=node.address, blas=which_blas, pid=os.getpid(),
+             lean_import=lean)
     try:
         listener = transport.bind(host, port)  # a taken port fails before the slow load
     except OSError as exc:

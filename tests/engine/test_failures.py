@@ -96,6 +96,31 @@ def test_pipeline_recovers_when_the_stage_comes_back(model_factory, launch):
     assert after == before
 
 
+def test_a_health_long_poll_answers_as_soon_as_a_stage_is_lost(model_factory, launch):
+    """`/health?wait=S&unless=ready` waits while ready and answers when the state changes:
+    the control plane's watcher hears of a lost stage when the coordinator does."""
+    cluster = launch(model_factory(), [(0, 1), (2, 3)])
+    got: dict = {}
+
+    def long_poll() -> None:
+        r = requests.get(cluster.base_url + "/health", params={"wait": 10, "unless": "ready"}, timeout=30)
+        got.update(r.json(), answered=time.monotonic())
+
+    poll = threading.Thread(target=long_poll, daemon=True)
+    poll.start()
+    poll.join(1.0)
+    assert poll.is_alive(), f"answered while still ready: {got}"  # it waits, it does not poll
+    killed = time.monotonic()
+    cluster.kill("stage-1")
+    poll.join(20)
+    assert not poll.is_alive()
+    assert got["status"] != "ready" and got["stages"][1]["state"] == "down", got
+    # Well before its 10 s wait ran out (generous: a loaded 2-core machine), so it answered the change.
+    assert got["answered"] - killed < 8.0
+    plain = requests.get(cluster.base_url + "/health", params={"wait": "soon", "unless": "unhealthy"}, timeout=5)
+    assert plain.json()["status"] == got["status"]  # a malformed wait answers at once
+
+
 def test_a_stage_holds_only_its_own_layers(model_factory, launch):
     model = model_factory(layers=8, hidden=512, heads=8, kv_heads=8, intermediate=1408)
     model_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))
