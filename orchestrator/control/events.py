@@ -231,6 +231,22 @@ class StageMoved(Event):
     reason: str = ""  # why it left its node
 
 
+class StageCopyStarted(Event):
+    """A recovery copies the model to the node that takes a moved stage (no node holding it had
+    room) before starting it there; the timeline gains the copy's step (its progress follows
+    as `LaunchStepped` details)."""
+
+    kind: Literal["stage_copy_started"] = "stage_copy_started"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    session_id: str
+    index: int  # the stage
+    model_id: str
+    node_name: str  # where the copy goes
+    sources: tuple[str, ...]  # the names of the nodes it is copied from
+    total_bytes: int
+
+
 class RecoveryFailed(Event):
     """A recovery attempt did not bring the session back (another may follow)."""
 

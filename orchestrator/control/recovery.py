@@ -21,7 +21,9 @@ A stage whose node's agent cannot be reached is restarted on another node instea
 (`relocation.choose_node`: reachable, holds the model, has a free port and memory for the
 stage): the session's record follows (`StageMoved`), and the running coordinator is told the
 new address (a request signed with the cluster secret, engine/routes.py); it re-points its
-link and passes the address down the chain, so the previous stage re-dials too. The old
+link and passes the address down the chain, so the previous stage re-dials too. When no node
+holding the model has room, a node that has room copies it first from the nodes that hold it
+(`stage_copy.py`: verified peer copy, its progress a step of the attempt). The old
 node's agent, should it come back, stops its stale stage when the lease the control plane
 no longer renews runs out.
 """
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import requests
 
@@ -41,6 +43,9 @@ from ..registrar import Registrar, RegistrarError
 from . import events as ev
 from .launcher import LaunchFailed, Launcher, Post, Timeouts
 from .state import PostMortem, Session, StageStatus, State, Step
+
+if TYPE_CHECKING:
+    from .relocation import Move
 
 ROUTE_TIMEOUT_S = 10.0  # the coordinator answers at once; only a frozen one takes long
 
@@ -97,6 +102,8 @@ def stage_moved(session: Session, e: ev.StageMoved) -> Session:
     old = session.stages[k]
     p = step_prefix(len(session.faults), session.recovery_attempt) + f"stage-{k}."
     head = _head(len(session.faults), session.recovery_attempt)
+    # The move step follows the model's copy to the node when there was one, else the stop.
+    after = p + "copy" if any(st.key == p + "copy" for st in session.timeline) else p + "stop"
     steps: list[Step] = []
     for st in session.timeline:
         if st.key == p + "start":
@@ -105,7 +112,7 @@ def stage_moved(session: Session, e: ev.StageMoved) -> Session:
         elif st.key == p + "listen":
             st = st.model_copy(update={"label": head + f"Stage {k} transport listening on port {new.port}"})
         steps.append(st)
-        if st.key == p + "stop":
+        if st.key == after:
             steps.append(Step(key=p + "move", label=head + f"stage {k} moved to {new.node_name} "
                                                            f"(from {old.node_name})", state="done", detail=e.reason))
         elif st.key == p + "listen":
@@ -271,6 +278,8 @@ class Recovery:
         agent = self.agent_for(choice.node_id)
         if agent is None:
             raise LaunchFailed(process, f"node {choice.node_name} is no longer registered")
+        if choice.copies:  # before the move is recorded: a failed copy leaves the stage where it was
+            self.copy_model(process, choice, agent)
         self.agents[choice.node_id] = agent
         self.launcher.agents[choice.node_id] = agent
         new_toml = moved_toml(toml, choice)
@@ -280,6 +289,35 @@ class Recovery:
         stages = tuple(placement if st.index == index else st for st in self.s.stages)
         self.s = self.s.model_copy(update={"stages": stages, "config_toml": new_toml})
         return new_toml
+
+    def copy_model(self, process: str, choice: "Move", target: AgentClient) -> None:
+        """Copy the session's model to the node a stage moves to, from the nodes `choice` names
+        (a step of the attempt, with its progress); LaunchFailed when it is not there verified."""
+        from .preparer import PrepareFailed, reference_manifest
+        from .stage_copy import CopyCancelled, CopyFailed, copy_key, copy_model
+
+        assert self.agent_for is not None and self.state is not None
+        names = {n.id: n.name for n in self.state.nodes}
+        holders = {n: a for n in choice.sources if (a := self.agent_for(n)) is not None}
+        try:
+            holder, manifest = reference_manifest(self.s.model_id, holders)
+        except PrepareFailed as exc:
+            raise LaunchFailed(process, f"{process}'s model cannot be copied to {choice.node_name}: {exc}") from None
+        sources = [holder] + [n for n in holders if n != holder]  # the reference's holder serves first
+        self.post(ev.StageCopyStarted(session_id=self.s.id, index=choice.index, model_id=self.s.model_id,
+                                      node_name=choice.node_name, sources=tuple(names.get(n, n) for n in sources),
+                                      total_bytes=manifest.total_bytes))
+        key = copy_key(choice.index)
+        try:
+            done = copy_model(target, [holders[n] for n in sources], self.s.model_id, manifest,
+                              lambda state, detail: self._step(key, state, detail), self.launcher.cancel)
+        except CopyCancelled:
+            self._step(key, "failed", "recovery cancelled: the copy was stopped and its partial files dropped")
+            raise LaunchFailed(process, "recovery cancelled during the model copy") from None
+        except CopyFailed as exc:
+            self._step(key, "failed", str(exc))
+            raise LaunchFailed(process, f"copying {self.s.model_id} to {choice.node_name} failed: {exc}") from None
+        self._step(key, "done", done)
 
     def tell_coordinator(self, process: str) -> None:
         """Give the running coordinator a moved stage's address (signed with the cluster secret)."""

@@ -6,6 +6,7 @@ from . import events as ev
 from .download_events import (ModelDownloadFinished, ModelDownloadListed, ModelDownloadProgressed,
                               ModelDownloadStarted, apply_download)
 from .recovery import recovery_steps, stage_moved
+from .stage_copy import copy_started
 from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
 
 
@@ -172,6 +173,11 @@ def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per 
             if s is None or s.phase != "recovering":
                 return state
             return _replace_session(state, sid, lambda s: stage_moved(s, event))
+        case ev.StageCopyStarted(session_id=sid):
+            s = state.session(sid)
+            if s is None or s.phase != "recovering":
+                return state
+            return _replace_session(state, sid, lambda s: copy_started(s, event))
         case ev.RecoveryFailed(session_id=sid):
             s = state.session(sid)
             if s is None or s.phase != "recovering":

@@ -59,9 +59,11 @@ def env3(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path) -> Ite
 
 @pytest.fixture
 def env_no_room(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path) -> Iterator[Env]:
-    """node-a has no memory to spare (a 1 MiB budget) and node-c does not hold the model."""
+    """node-a has no memory to spare (a 1 MiB budget); node-c does not hold the model, and could
+    copy it from node-a but has no memory to spare either."""
     yield from three_agents(spawn_agent, start_router, test_model_dir, tmp_path,
-                            {"node-a": ("--memory-budget", "1M")}, ("node-a", "node-b"))
+                            {"node-a": ("--memory-budget", "1M"), "node-c": ("--memory-budget", "1M")},
+                            ("node-a", "node-b"))
 
 
 def pids(env: Env, session_id: str, agents: list[int]) -> dict[str, tuple[str, int]]:
@@ -171,7 +173,8 @@ def test_with_no_node_to_take_the_stage_the_session_is_torn_down_with_the_reason
     assert s.phase == "stopped" and s.health == "Unhealthy", s.reason
     assert "recovery failed after 3 attempt(s)" in s.reason and "no registered node can take stage 1" in s.reason
     assert "node-a: " in s.reason and "free, the stage needs" in s.reason, s.reason
-    assert "node-c: does not hold tiny" in s.reason, s.reason
+    assert "node-c: 1.0 MiB free, the stage needs" in s.reason, s.reason
+    assert not any(x.key.endswith(".copy") for x in s.timeline), s.timeline  # nothing copied for nothing
     assert s.faults[-1].outcome == "stopped" and s.faults[-1].attempts == 3
     live = [f"{a.name}:{p.node_id}" for a in (env.agents[0], env.agents[2]) for p in a.client.processes() if p.alive]
     assert live == [] and env.backends() == []

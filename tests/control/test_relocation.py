@@ -17,8 +17,8 @@ from tests.planner.support import uniform
 MB = 1 << 20
 SETTINGS = Settings(port_start=39600, port_end=39629)
 DESCRIPTION = uniform(4, layer_bytes=100 * MB)
-MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=1, sha256="a" * 64)})
-OTHER_MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=1, sha256="b" * 64)})
+MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=400 * MB, sha256="a" * 64)})
+OTHER_MANIFEST = Manifest(files={"model.safetensors": FileEntry(size=400 * MB, sha256="b" * 64)})
 MODEL = ModelInfo(id="tiny", mlx_format=True, supported=True, num_layers=4, manifest=MANIFEST, description=DESCRIPTION)
 
 
@@ -28,12 +28,12 @@ def host(name: str) -> str:
 
 
 def node(name: str, free_mb: int = 4000, *, models: tuple[ModelInfo, ...] = (MODEL,), reachable: bool = True,
-         ports: tuple[int, ...] = tuple(range(39600, 39610))) -> Node:
+         ports: tuple[int, ...] = tuple(range(39600, 39610)), disk: int = 10**11) -> Node:
     report = Report(name=name, fingerprint=f"fp-{name}", version="0.1.0",
                     accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={}, platform={},
                     memory=Memory(total_bytes=free_mb * MB, available_bytes=free_mb * MB, budget_bytes=None,
                                   processes_rss_bytes=0, free_bytes=free_mb * MB),
-                    disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(ports)),
+                    disk_free_bytes=disk, transport_ports=Ports(start=39600, end=39629, free=list(ports)),
                     models=list(models), processes=[], downloads=[])
     return Node(id=f"fp-{name}", name=name, url=f"http://{host(name)}:39500", credential="c",
                 status="reachable" if reachable else "unreachable", error=None if reachable else "connection refused",
@@ -61,29 +61,49 @@ NEED_MB = stage_bytes(MODEL, session().stages[1], "") // MB + 1  # what stage 1 
     ([node("node-a"), node("node-b"), node("node-c", NEED_MB), node("node-d", NEED_MB * 2)], "node-d"),
     # no spare node fits: a node of the session whose free memory fits it
     ([node("node-a", NEED_MB), node("node-b"), node("node-c", NEED_MB - 2)], "node-a"),
-    # spare nodes that cannot: unreachable, without the model, other weights, no port
-    ([node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=()),
-      node("node-e", models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)), node("node-f", ports=())],
+    # spare nodes that cannot: unreachable, without the model and the disk for a copy, other
+    # weights and no room, no port
+    ([node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=(), disk=0),
+      node("node-e", 1, models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)), node("node-f", ports=())],
      "no registered node can take stage 1 (layers 2–3"),
+    # holds the model vs can get it: a holder with room wins over a spare node that would copy
+    ([node("node-a", NEED_MB), node("node-b"), node("node-c", 90000, models=())], "node-a"),
+    # can get it: no holder has room, a spare node with room and disk copies it from node-a
+    ([node("node-a", 1), node("node-b"), node("node-c", models=())], "node-c copying from node-a"),
+    # other weights of the same name are replaced by a copy too
+    ([node("node-a", 1), node("node-b"),
+      node("node-c", models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),))], "node-c copying from node-a"),
+    # can get it but no room: memory
+    ([node("node-a", 1), node("node-b"), node("node-c", NEED_MB - 2, models=())], "node-c: "),
+    # can get it but no disk for the copy
+    ([node("node-a", 1), node("node-b"), node("node-c", models=(), disk=MB)],
+     "node-c: does not hold tiny, and its 1.0 MiB of free disk cannot take a copy (400 MiB)"),
+    # nowhere to copy from: the failed node held it, the other holder is unreachable
+    ([node("node-a", models=(), reachable=False), node("node-b"), node("node-c", models=())],
+     "node-c: does not hold tiny, and no reachable node holds it to copy from"),
     # the failed node itself, even if its last report looks fine, is never chosen
     ([node("node-b")], "node-b: the stage's own node (its agent is unreachable)"),
 ])
 def test_choose_node(nodes: list[Node], expected: str) -> None:
     choice = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="fp-node-b")
     if isinstance(choice, Move):
-        assert choice.node_name == expected and choice.index == 1
+        name, _, source = expected.partition(" copying from ")
+        assert choice.node_name == name and choice.index == 1
         assert SETTINGS.port_start <= choice.port <= SETTINGS.port_end
+        assert choice.sources == ((f"fp-{source}",) if source else ()) and choice.copies == bool(source)
     else:
         assert expected in choice, choice
 
 
 def test_a_refusal_says_why_for_every_node() -> None:
-    nodes = [node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=()),
-             node("node-e", models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)), node("node-f", ports=())]
+    nodes = [node("node-a", 1), node("node-b"), node("node-c", reachable=False), node("node-d", models=(), disk=0),
+             node("node-e", 1, models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)),
+             node("node-f", ports=())]
     why = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="fp-node-b")
     assert isinstance(why, str)
     for part in ("node-a: 1.0 MiB free, the stage needs", "node-b: the stage's own node", "node-c: unreachable",
-                 "node-d: does not hold tiny", "node-e: does not hold tiny", "node-f: no free transport port"):
+                 "node-d: does not hold tiny, and its 0 B of free disk", "node-e: 1.0 MiB free, the stage needs",
+                 "node-f: no free transport port"):
         assert part in why, why
 
 
@@ -129,3 +149,28 @@ def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
     assert step["recovery-1.1.stage-1.move"].state == "done"
     assert "node-c" in step["recovery-1.1.stage-1.start"].label
     assert moved.faults == s.faults  # the fault stays in the history as it was
+
+
+def test_a_copy_before_the_move_is_a_step_of_the_attempt_with_its_progress() -> None:
+    from orchestrator.control.stage_copy import copy_started, progress_detail
+
+    s = session()
+    s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 2,
+                             "faults": (Fault(at=1.0, reason="agent unreachable", processes=("stage-1",),
+                                              outcome="recovering", attempts=2),)})
+    s = s.model_copy(update={"timeline": recovery_steps(s, ("stage-1",), 1, 2)})
+    copying = copy_started(s, ev.StageCopyStarted(session_id=s.id, index=1, model_id="tiny", node_name="node-c",
+                                                  sources=("node-a",), total_bytes=400 * MB))
+    assert copy_started(copying, ev.StageCopyStarted(session_id=s.id, index=1, model_id="tiny", node_name="node-c",
+                                                     sources=("node-a",), total_bytes=400 * MB)) == copying  # once
+    step = {st.key: st for st in copying.timeline}["recovery-1.2.stage-1.copy"]
+    assert "tiny copied to node-c over the LAN from node-a" in step.label and step.state == "running"
+    assert step.detail == "0 B of 400 MiB (0 %)"
+    move = Move(index=1, node_id="fp-node-c", node_name="node-c", host="10.0.0.3", port=39605, sources=("fp-node-a",))
+    moved = stage_moved(copying, ev.StageMoved(session_id=s.id, stage=move.placement(s.stages[1]),
+                                               config_toml=moved_toml(s.config_toml, move), reason="node-b: gone"))
+    keys = [st.key for st in moved.timeline]
+    p = "recovery-1.2.stage-1."
+    assert keys.index(p + "copy") == keys.index(p + "stop") + 1 and keys.index(p + "move") == keys.index(p + "copy") + 1
+    assert progress_detail(100 * MB, 400 * MB, 2 * MB) == "100 MiB of 400 MiB (25 %), 2.0 MiB/s"
+    assert progress_detail(0, 0) == "0 B of 0 B (0 %)"
