@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from orchestrator.agent.local import SHARED_HOST_BLAS
+from orchestrator.agent.report import machine_id
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.predict import StageSpec, predict
 
@@ -192,7 +193,9 @@ def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
                 p.terminate()
             for p in procs:
                 p.wait(20)
-    stages = [StageSpec(label=f"stage {k}", node_name=n, layer_weight=hi - lo + 1, last=k == 1, timing=t)
+    # every emulated node runs on this machine's cores (their agents report one machine_id)
+    stages = [StageSpec(label=f"stage {k}", node_name=n, layer_weight=hi - lo + 1, last=k == 1, timing=t,
+                        machine=machine_id())
               for k, ((lo, hi), n) in enumerate(zip(SPLIT, ("node-a", "node-b")))]
     res["pred"] = predict(stages, [link, link], 576 * 4, requests=(4, 8, 16), prompts=(1024, LONG))
     return res

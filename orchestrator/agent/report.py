@@ -7,6 +7,7 @@ versions come from package metadata, so a report stays cheap.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import re
@@ -160,5 +161,23 @@ def versions() -> dict[str, str | None]:
 
 
 def platform_facts() -> dict[str, str]:
-    """Operating system and machine, as platform reports them."""
-    return {"system": platform.system(), "machine": platform.machine(), "release": platform.release()}
+    """Operating system and machine, as platform reports them, and which physical machine this
+    is (`machine_id`): agents that share one share its cores, and the prediction says so."""
+    return {"system": platform.system(), "machine": platform.machine(), "release": platform.release(),
+            "machine_id": machine_id()}
+
+
+def machine_id() -> str:
+    """A short, stable id of this physical machine, the same for every agent on it (network
+    namespaces included): a hash of the OS's machine id, else of the host name. Hashed, because
+    the OS's id is meant to stay on the machine."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            raw = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if raw:
+            break
+    else:
+        raw = platform.node()
+    return hashlib.sha256(f"pipeserve-machine:{raw}".encode()).hexdigest()[:16]

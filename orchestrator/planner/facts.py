@@ -30,6 +30,9 @@ class NodeFacts(BaseModel):
     # The IP the other nodes reach it at. Nodes that share a host (several agents on one
     # machine, as in the demo) share its ports, so the planner never hands one port out twice.
     host: str | None = None
+    # The physical machine (agent report's machine_id): nodes on one machine share its cores,
+    # so their stages cannot compute at the same time (planner/predict.py).
+    machine: str | None = None
     # Performance inputs (planner/placement.py), when measured: this node's timing of the
     # model's layers, and its measured links keyed by the peer's node id.
     timing: LayerTiming | None = None
@@ -63,6 +66,7 @@ def node_facts_from_report(report: Report, *, node_id: str | None = None, host: 
         free_bytes=max(0, report.memory.free_bytes),
         free_ports=tuple(report.transport_ports.free),
         host=host,
+        machine=report.platform.get("machine_id") or None,
         interfaces=tuple(InterfaceFact(name=i.name, kind=i.kind, rdma=i.rdma, addresses=tuple(i.addresses), up=i.up,
                                        speed_mbps=i.speed_mbps) for i in report.interfaces),
     )

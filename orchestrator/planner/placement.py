@@ -116,13 +116,26 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     """The prediction for `split` on `nodes` (stage k on nodes[k])."""
     stages = [StageSpec(label=f"stage {k} ({n.name}, layers {a}–{b})", node_name=n.name,
                         layer_weight=layer_weight(costs, a, b + 1), last=b + 1 == costs.num_layers,
-                        timing=timings[k])
+                        timing=timings[k], machine=n.machine or "")
               for k, ((a, b), n) in enumerate(zip(split, nodes))]
     pairs = [(nodes[k], nodes[k + 1]) for k in range(len(nodes) - 1)] + [(nodes[-1], nodes[0])]
     links = [on_transport(link_between(a, b), a, b, transport) for a, b in pairs]
     s = costs.settings
     requests = sorted({4, 8, 16, s.max_concurrent_sequences})
+    shared = _sharing_a_machine(nodes)
+    if shared:
+        note = f"{note}; {shared} share one machine: their prompt chunks take turns".lstrip("; ")
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note)
+
+
+def _sharing_a_machine(nodes: Sequence[NodeFacts]) -> str:
+    """'node-a and node-b' when selected nodes run on one physical machine ('' when none do)."""
+    by_machine: dict[str, list[str]] = {}
+    for n in {n.id: n for n in nodes}.values():  # a node may run two stages: named once
+        if n.machine:
+            by_machine.setdefault(n.machine, []).append(n.name)
+    groups = [names for names in by_machine.values() if len(names) > 1]
+    return "; ".join(", ".join(g[:-1]) + " and " + g[-1] for g in groups)
 
 
 def with_single_node_verdict(perf: Performance, costs: StageCosts, nodes: Sequence[NodeFacts],

@@ -9,7 +9,11 @@ The model follows what the coordinator's scheduler does (engine/pipeline.py):
   (stage, or link serialization) can serve groups faster than its own time per group;
 - a prompt is prefilled in `prefill_step` chunks that are all sent at once: a stage starts
   chunk j as soon as it finished chunk j-1 and chunk j has crossed the link from the stage
-  before (a flow shop), so a slow link only delays the first chunk's arrival.
+  before (a flow shop), so a slow link only delays the first chunk's arrival. A prompt's
+  chunks run SOLO (every core), so stages whose nodes share one physical machine (several
+  agents on one host, as on the emulated LAN) take turns instead of overlapping. Decode steps
+  of many requests use the stage's base threads (one each when agents share a host), so
+  those still overlap.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ class StageSpec(BaseModel):
     layer_weight: float  # its layers in units of an average layer (bytes-weighted)
     last: bool
     timing: LayerTiming
+    machine: str = ""  # the physical machine its node runs on ("": its own, shared with no other stage)
 
 
 class Boundary(BaseModel):
@@ -133,21 +138,29 @@ def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes:
     """Seconds from submission to the first token of a `prompt`-token prompt (one request)."""
     chunks = [(s, min(prefill_step, prompt - 1 - s)) for s in range(0, max(0, prompt - 1), prefill_step)]
     done = [0.0] * len(stages)  # when each stage finished its previous item
+    free: dict[str, float] = {}  # when each shared machine's cores are free again
+
+    def run(k: int, arrive: float, t: float) -> float:
+        machine = stages[k].machine
+        done[k] = max(done[k], arrive, free.get(machine, 0.0)) + t
+        if machine:
+            free[machine] = done[k]
+        return done[k]
+
     for start, n in chunks:
         arrive = 0.0
         for k, stage in enumerate(stages):
-            t = stage.layer_weight * stage.timing.prefill_ms(start, n)
-            done[k] = max(done[k], arrive) + t
+            end = run(k, arrive, stage.layer_weight * stage.timing.prefill_ms(start, n))
             if k < len(stages) - 1:
-                arrive = done[k] + links[k].transfer_ms(n * hidden_bytes + HEADER_BYTES)
+                arrive = end + links[k].transfer_ms(n * hidden_bytes + HEADER_BYTES)
     # The last prompt token samples: a decode step behind the chunks, at the prompt's length.
     arrive = 0.0
     for k, stage in enumerate(stages):
         t = stage_step_ms(stage, 1, solo=True) + stage.layer_weight * stage.timing.prefill_ms(prompt - 1, 1) \
             - stage.layer_weight * stage.timing.prefill_ms(0, 1)  # the attention over the cached prompt
-        done[k] = max(done[k], arrive) + max(t, 0.0)
+        end = run(k, arrive, max(t, 0.0))
         link, size = (links[k], hidden_bytes + HEADER_BYTES) if k < len(stages) - 1 else (links[-1], RESULT_BYTES)
-        arrive = done[k] + link.transfer_ms(size)
+        arrive = end + link.transfer_ms(size)
     return (arrive + COORDINATOR_MS) / 1000
 
 

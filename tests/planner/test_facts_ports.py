@@ -34,6 +34,15 @@ def test_node_facts_from_report() -> None:
     assert (default.id, default.label, default.host) == ("mac-mini", "mac-mini", None)
 
 
+def test_the_physical_machine_comes_from_the_report_and_is_the_same_for_every_agent_on_it() -> None:
+    from orchestrator.agent.report import machine_id, platform_facts
+
+    here = platform_facts()["machine_id"]
+    assert here == machine_id() and len(here) == 16  # hashed: the OS's own id stays on the machine
+    assert node_facts_from_report(report(platform={"system": "Linux", "machine_id": here})).machine == here
+    assert node_facts_from_report(report()).machine is None  # an agent that predates it: its own machine
+
+
 def test_engine_version_marks_missing_packages() -> None:
     assert engine_version({"pipeserve": "0.1.0", "mlx": None}) == "pipeserve 0.1.0, mlx ?, mlx_lm ?"
     mlx_missing = node_facts_from_report(report(versions={"pipeserve": "0.1.0", "mlx": None, "mlx_lm": "0.32.2"}))
