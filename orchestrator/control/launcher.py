@@ -24,6 +24,8 @@ from .state import Session, Step
 
 Post = Callable[[ev.Event], None]
 
+HEALTHY_POLL_S = 1.0  # longest wait on the coordinator's /health long poll between process checks
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -164,7 +166,7 @@ class Launcher:
         """Until the coordinator says ready (its probe passed through every stage); LaunchFailed otherwise."""
         deadline = time.monotonic() + self.t.healthy
         last_renew = time.monotonic()
-        reason = "no answer"
+        reason, status = "no answer", None
         while time.monotonic() < deadline:
             # A stage dying now would leave the coordinator waiting: check them all, not just it.
             for node_id, process_id in self.started:
@@ -172,23 +174,30 @@ class Launcher:
                 if not info.alive:
                     tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
                     raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
+            asked = time.monotonic()
             try:
-                r = requests.get(self.s.url + "/health", timeout=2)
+                # A long poll: answered the moment the coordinator's state changes (ready, most
+                # often), not at this loop's next look; at most HEALTHY_POLL_S, so a process that
+                # died meanwhile is still noticed by the check above.
+                params = {"wait": HEALTHY_POLL_S, "unless": status} if status else {}
+                r = requests.get(self.s.url + "/health", params=params, timeout=HEALTHY_POLL_S + 2)
                 body = r.json()
                 if r.status_code == 200 and body.get("ready"):
                     return
+                changed, status = body.get("status") != status, body.get("status")
                 reason = f"{body.get('status')}: {body.get('reason')}"
                 if body.get("status") == "unhealthy" and "probe generation failed" in str(body.get("reason")):
                     # Ready means serving: a stage that cannot run a request fails the launch now.
                     raise LaunchFailed("coordinator", f"the pipeline cannot serve: {body.get('reason')}")
             except (requests.RequestException, ValueError) as exc:
-                reason = str(exc)
+                reason, status, changed = str(exc), None, False
             if self.cancel.is_set():
                 raise LaunchFailed("coordinator", "launch cancelled")
             if time.monotonic() - last_renew > self.t.lease / 3:
                 self._renew()
                 last_renew = time.monotonic()
-            time.sleep(0.2)
+            if not changed and time.monotonic() - asked < 0.1:
+                time.sleep(0.1)  # not up yet, or it did not wait (an older coordinator): no busy loop
         raise LaunchFailed("coordinator", f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})")
 
     def rollback(self, failed_key: str | None = None) -> list[str]:

@@ -1,6 +1,7 @@
 """The watcher: renews leases, observes every live session and every node (the I/O edge).
 
-Every `interval` it reads the orchestrator's latest snapshot, asks each node's agent about
+Every `interval` — or at once when a coordinator's state changes (`pulse.Pulse` long-polls
+each watched session's coordinator and wakes it) — it reads the orchestrator's latest snapshot, asks each node's agent about
 its engine processes and each running session's coordinator about its pipeline (GET /health)
 and its token counter (GET /metrics, for the tokens/s chart), and posts what it saw — only
 when something changed. Judging what it means (Unhealthy, teardown) is the orchestrator's job.
@@ -19,6 +20,7 @@ from ..agent.client import AgentClient, AgentError
 from ..agent.schemas import ProcessInfo
 from ..proc.clock import SYSTEM_CLOCK, Clock
 from . import events as ev
+from .pulse import Pulse
 from .sampling import TOKENS_METRIC, Reading, metric_value, recent_rate, remember, same_reading, sample
 from .state import Session, StageProgress, StageStatus, State
 
@@ -105,6 +107,11 @@ class Watcher:
         self.lease_s = lease_s
         self.report_every = report_every
         self._stop = threading.Event()
+        # Set by the pulse when a coordinator's state changed (a stage lost, a coordinator gone):
+        # the next cycle runs now, not up to `interval` later — on a recovery's critical path.
+        self._woken = threading.Event()
+        self._pulse = Pulse(self._woken.set)
+        self._pulsing = False  # only the running loop long-polls; a test's cycle() calls do not
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="watch")
         self._last_lease = 0.0
         self._last_report = 0.0
@@ -118,15 +125,31 @@ class Watcher:
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
+        self._pulsing = True
         threading.Thread(target=self._loop, name="watcher", daemon=True).start()
 
     def stop(self) -> None:
         """End the loop."""
         self._stop.set()
+        self._woken.set()
+        self._pulsing = False
+        self._pulse.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def wake(self) -> None:
+        """Run the next cycle now rather than at the end of the interval."""
+        self._woken.set()
+
+    def pulsed(self) -> set[str]:
+        """The sessions whose coordinators are long-polled now (they wake the watcher)."""
+        return self._pulse.following()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._woken.wait(self.interval)
+            self._woken.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.cycle()
             except Exception:  # never let one bad cycle end the watching
@@ -147,6 +170,8 @@ class Watcher:
                     self._pool.submit(self._renew, node_id, s.id)
         # Recovering sessions are watched too (their stage cards stay live) but never faulted twice.
         running = [s for s in state.sessions if s.phase in ("running", "recovering")]
+        if self._pulsing:
+            self._pulse.follow({s.id: s.url for s in running})
         node_ids = {nid for s in running for nid in s.node_ids}
         listed = dict(zip(node_ids, self._pool.map(self._processes, node_ids)))
         self._tokens = {k: v for k, v in self._tokens.items() if any(s.id == k for s in running)}

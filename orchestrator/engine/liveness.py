@@ -36,6 +36,11 @@ PROBE_TIMEOUT = 60.0  # the probe is a few tokens: only a broken pipeline takes 
 PROBE_PROMPT = [0, 1, 2, 3]
 PROBE_TOKENS = 2
 PROBE_REQUESTS = 2
+# Once a probe has passed, later probes (a replaced or reconnected stage) stop after the first
+# sampled token — 3 steps per stage, not 4, on a recovery's critical path — and are exact: that
+# token (greedy) must be the one this pipeline answered then, so a stage that computes
+# differently (wrong or damaged weights, another layer range) fails the probe.
+REPROBE_TOKENS = 1
 REPROBE_INTERVAL = 5.0
 
 
@@ -60,6 +65,8 @@ class Liveness:
     _last_busy: float
     _canary_every: float
     _state_changed: threading.Condition
+    _probe_answer: int | None  # the first token of the first passed probe (greedy)
+    _probe_firsts: list[int]  # the current probe's first tokens, one per request
 
     # Supplied by the request half (pipeline.Pipeline).
     def _open(self, gen: Generation, internal: bool, canary: bool = False) -> "_Active": ...
@@ -153,13 +160,30 @@ class Liveness:
         """Healthy means generations went through every stage the way requests do, not just open ports."""
         self._last_probe = now()
         self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
-        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=PROBE_TOKENS), self._inbox),
+        tokens = PROBE_TOKENS if self._probe_answer is None else REPROBE_TOKENS
+        self._probe_firsts = []
+        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=tokens), self._inbox),
                               internal=True) for _ in range(PROBE_REQUESTS)]
         chunks = [tokens_frame(a.rid, 0, PROBE_PROMPT[:-1]) for a in members]
         for a in members:
             a.position, a.next_token = len(PROBE_PROMPT) - 1, PROBE_PROMPT[-1]
         if self._send(0, [m.opened for m in members] + chunks):
             self._launch(members, solo=False)  # not SOLO: a fresh stage warms up on its usual threads
+
+    def _probe_token(self, token: int) -> str:
+        """Check a probe request's first sampled token: "" when it is the pipeline's answer
+        (every request of a probe, and every probe after the first that passed), else why not."""
+        self._probe_firsts.append(token)
+        expected = self._probe_answer if self._probe_answer is not None else self._probe_firsts[0]
+        if token == expected:
+            return ""
+        return (f"the probe sampled token {token} where this pipeline answers {expected} "
+                "(greedy): a stage computes differently")
+
+    def _probe_passed(self) -> None:
+        """Remember the first passed probe's answer: later probes are checked against it."""
+        if self._probe_answer is None and self._probe_firsts:
+            self._probe_answer = self._probe_firsts[0]
 
     def _lose(self, index: int, reason: str) -> None:
         link = self.links[index]

@@ -71,6 +71,8 @@ class Pipeline(Liveness):
         self._last_ping = 0.0
         self._last_tick = 0.0
         self._last_probe = 0.0
+        self._probe_answer: int | None = None
+        self._probe_firsts: list[int] = []
         self._stats: dict[int, dict] = {}
         self.watchdog = Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s))
         self._wedged: dict[int, str] = {}  # stage index -> why; cleared when its connection goes
@@ -247,6 +249,11 @@ class Pipeline(Liveness):
             self._finish(a, None)
             return
         a.generated += 1
+        if a.generated == 1 and a.internal and not a.canary:
+            wrong = self._probe_token(token)
+            if wrong:
+                self._finish(a, Failed(wrong))
+                return
         if a.generated == 1 and not a.internal:
             self.metrics.observe_ttft(now() - a.gen.submitted)
         a.gen.events.put(TokenEvent(token, logprob, tuple(top)))
@@ -255,6 +262,7 @@ class Pipeline(Liveness):
         if a.internal and a.generated >= a.gen.params.max_tokens:
             self._finish(a, Finished("length"))
             if not any(x.internal for x in self._active.values()) and self._state == "warming":
+                self._probe_passed()
                 self._set_state("ready", "all stages served the probe: prefill, sampling and batched decode")
         elif token in self.eos_ids and not a.internal:
             self._finish(a, Finished("stop"))

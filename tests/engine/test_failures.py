@@ -121,6 +121,24 @@ def test_a_health_long_poll_answers_as_soon_as_a_stage_is_lost(model_factory, la
     assert plain.json()["status"] == got["status"]  # a malformed wait answers at once
 
 
+def test_a_replaced_stage_that_computes_differently_fails_the_probe(model_factory, launch):
+    """After the first probe passed, a re-probe must sample the same first token: a stage
+    started from other weights (same shapes) is never ready again."""
+    model, other = model_factory(), model_factory(seed=1)
+    cluster = launch(model, [(0, 1), (2, 3)])
+    cluster.kill("stage-1")
+    assert cluster.procs["stage-1"].wait_exit(10)
+    cluster._spawn("stage-1", ["stage", "--config", str(cluster.config_path), "--node-id", "stage-1",
+                               "--model", str(other)])
+    health = _wait_health(cluster, lambda h: "computes differently" in str(h.get("reason")), 60)
+    assert health["status"] == "unhealthy" and "probe generation failed" in health["reason"], health
+    cluster.kill("stage-1")  # and the right weights pass again
+    assert cluster.procs["stage-1"].wait_exit(10)
+    cluster._spawn("stage-1", ["stage", "--config", str(cluster.config_path), "--node-id", "stage-1",
+                               "--model", str(model)])
+    cluster.wait_ready(60)
+
+
 def test_a_stage_holds_only_its_own_layers(model_factory, launch):
     model = model_factory(layers=8, hidden=512, heads=8, kv_heads=8, intermediate=1408)
     model_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))

@@ -1,0 +1,79 @@
+"""Wakes the watcher the moment a session's coordinator changes state (the I/O edge).
+
+The watcher looks at every session each `interval` (0.5 s): a stage killed just after a
+look was seen up to half a second later, on a recovery's critical path, although its
+coordinator knew at once (the stage's socket closed). One thread per watched session
+long-polls the coordinator (`GET /health?wait=S&unless=STATE`, engine/api.py), which answers
+when its pipeline's state changes; the thread then wakes the watcher, whose next cycle judges
+the session as always (the agents' process listings, the coordinator's /health). A
+coordinator that does not answer (killed: its connection drops) wakes it as well, once.
+
+The pulse only shortens the wait before a look; what is a fault is still the watcher's and
+the orchestrator's decision.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+import requests
+
+LONG_POLL_S = 5.0  # the coordinator answers within this even when nothing changed
+QUIET_S = 0.5  # after an error or a reply that did not wait (an older coordinator): no busy loop
+
+
+class Pulse:
+    """The long-poll threads of the sessions being watched; `follow` keeps them in step."""
+
+    def __init__(self, wake: Callable[[], None], long_poll_s: float = LONG_POLL_S, quiet_s: float = QUIET_S) -> None:
+        self._wake = wake
+        self.long_poll_s = long_poll_s
+        self.quiet_s = quiet_s
+        self._lock = threading.Lock()
+        self._followed: dict[str, tuple[str, threading.Event]] = {}  # session id -> (coordinator URL, stop)
+
+    def follow(self, sessions: dict[str, str]) -> None:
+        """Long-poll exactly these sessions (id -> coordinator URL): start new ones, stop gone ones."""
+        with self._lock:
+            for sid, (url, stop) in list(self._followed.items()):
+                if sessions.get(sid) != url:
+                    stop.set()
+                    del self._followed[sid]
+            for sid, url in sessions.items():
+                if sid not in self._followed:
+                    stop = threading.Event()
+                    self._followed[sid] = (url, stop)
+                    threading.Thread(target=self._poll, args=(url, stop), name=f"pulse-{sid[:8]}",
+                                     daemon=True).start()
+
+    def following(self) -> set[str]:
+        """The session ids long-polled now."""
+        with self._lock:
+            return set(self._followed)
+
+    def stop(self) -> None:
+        """Stop every thread (each ends after its current long poll at the latest)."""
+        self.follow({})
+
+    def _poll(self, url: str, stop: threading.Event) -> None:
+        state: str | None = None  # as last answered; None: not known yet (answered at once)
+        failed = False
+        while not stop.is_set():
+            asked = time.monotonic()
+            try:
+                params = {"wait": self.long_poll_s, "unless": state} if state else {}
+                now = requests.get(url + "/health", params=params, timeout=self.long_poll_s + 5).json()["status"]
+            except (requests.RequestException, ValueError, KeyError, TypeError):
+                if not failed and not stop.is_set():
+                    self._wake()  # e.g. the coordinator was killed: look now, not at the next cycle
+                failed, state = True, None
+                stop.wait(self.quiet_s)
+                continue
+            changed = state is not None and now != state
+            if (changed or failed) and not stop.is_set():
+                self._wake()
+            failed, state = False, now
+            if not changed and time.monotonic() - asked < self.quiet_s / 2:
+                stop.wait(self.quiet_s)  # it did not wait: never more than one ask per quiet_s
