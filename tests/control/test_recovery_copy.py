@@ -10,6 +10,7 @@ generous bounds (a loaded 2-core machine).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Iterator
@@ -112,6 +113,16 @@ def test_stopping_the_session_during_the_copy_leaves_nothing_behind(env_slow_cop
         return x is not None and any(k.key.endswith("stage-1.copy") and k.state == "running" for k in x.timeline)
 
     env.orch.wait(copying, 180)
+
+    def shown_progress(st) -> str:
+        x = st.session(s.id)
+        step = next((k for k in x.timeline if k.key.endswith("stage-1.copy")), None) if x is not None else None
+        return step.detail if step is not None and not step.detail.startswith("0 B of") else ""
+
+    # The timeline shows the copy's progress while it runs: bytes of the total, per cent and rate.
+    detail = shown_progress(env.orch.wait(shown_progress, 60))
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB) of [\d.]+ (KiB|MiB) \(\d+ %\)(, [\d.]+ (B|KiB|MiB)/s)?", detail), detail
+    print(f"copy progress shown while it ran: {detail}")
     # Some bytes have arrived on node-c (partial files), none of them visible as the model.
     wait_until(lambda: (env.agents[2].models_dir / ".partial" / MODEL_ID).exists(), 60,
                message="node-c's copy never started")
