@@ -37,9 +37,6 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError, ValueError) as exc:
         log.error("config.invalid", reason=exc)
         return 2
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
-    from .api import Coordinator, make_server
     from .metrics import Metrics
     from .pipeline import Pipeline
 
@@ -47,20 +44,32 @@ def run(args: argparse.Namespace) -> int:
         log.error("config.invalid", reason=f"model has {model_cfg.get('num_hidden_layers')} layers, "
                                              f"the stages cover {config.num_layers}")
         return 2
-    tokenizer = load_tokenizer(args.model)
     context = config.cluster.context_length or int(model_cfg.get("max_position_embeddings") or 4096)
     metrics = Metrics([s.id for s in config.stages])
-    pipeline = Pipeline(config, secret, set(tokenizer.eos_token_ids), context, log, metrics)
+    # The links and the readiness probe need no tokenizer (a probe ignores end-of-sequence), so
+    # they run while mlx-lm's tokenizer stack imports (~1 s: transformers) instead of after it:
+    # a replaced coordinator is ready that much sooner. Nothing public reaches the pipeline
+    # before the HTTP server below exists, and it has its end-of-sequence ids by then.
+    pipeline = Pipeline(config, secret, set(), context, log, metrics)
+    pipeline.start()
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from .api import Coordinator, make_server
+
+    tokenizer = load_tokenizer(args.model)
+    pipeline.eos_ids = set(tokenizer.eos_token_ids)
+    log.info("tokenizer.loaded", pipeline=pipeline.health.state)
     name = args.model_name or args.model.resolve().name
     try:
         server = make_server(Coordinator(pipeline, tokenizer, name, metrics, log, secret), args.host, args.port)
     except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
         log.error("config.invalid", reason=exc)
+        pipeline.stop()
         return 2
     except OSError as exc:
         log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
+        pipeline.stop()
         return 3
-    pipeline.start()
     stop = threading.Event()
 
     def shutdown(*_: object) -> None:

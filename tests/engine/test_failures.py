@@ -139,6 +139,20 @@ def test_a_replaced_stage_that_computes_differently_fails_the_probe(model_factor
     cluster.wait_ready(60)
 
 
+def test_the_coordinator_probes_its_stages_while_its_tokenizer_loads(model_factory, launch):
+    """The links and the probe do not wait for the tokenizer stack's import (~1 s): they come
+    up before it is loaded (a replaced coordinator is ready sooner); end-of-sequence ids are
+    set before the server takes requests (test_api's greedy runs stop at them)."""
+    model = model_factory()
+    cluster = launch(model, [(0, 1), (2, 3)])
+    lines = cluster.output("coordinator", tail=200).splitlines()
+    first = {event: next(i for i, line in enumerate(lines) if f" {event} " in line)
+             for event in ("link.up", "tokenizer.loaded", "http.listening")}
+    assert first["link.up"] < first["tokenizer.loaded"] < first["http.listening"], lines
+    body = {"model": model.name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
+    assert requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
+
+
 def test_a_stage_holds_only_its_own_layers(model_factory, launch):
     model = model_factory(layers=8, hidden=512, heads=8, kv_heads=8, intermediate=1408)
     model_bytes = sum(p.stat().st_size for p in model.glob("*.safetensors"))
