@@ -21,16 +21,20 @@ from typing import Callable
 import requests
 
 LONG_POLL_S = 5.0  # the coordinator answers within this even when nothing changed
-QUIET_S = 0.5  # after an error or a reply that did not wait (an older coordinator): no busy loop
+QUIET_S = 0.5  # after a long poll that did not wait (an older coordinator): no busy loop
+RETRY_S = 0.1  # after an error: a refused connection costs little, and a replaced coordinator is
+# long-polled again within this of answering (a hung one makes the ask itself wait)
 
 
 class Pulse:
     """The long-poll threads of the sessions being watched; `follow` keeps them in step."""
 
-    def __init__(self, wake: Callable[[], None], long_poll_s: float = LONG_POLL_S, quiet_s: float = QUIET_S) -> None:
+    def __init__(self, wake: Callable[[], None], long_poll_s: float = LONG_POLL_S, quiet_s: float = QUIET_S,
+                 retry_s: float = RETRY_S) -> None:
         self._wake = wake
         self.long_poll_s = long_poll_s
         self.quiet_s = quiet_s
+        self.retry_s = retry_s
         self._lock = threading.Lock()
         self._followed: dict[str, tuple[str, threading.Event]] = {}  # session id -> (coordinator URL, stop)
 
@@ -69,11 +73,13 @@ class Pulse:
                 if not failed and not stop.is_set():
                     self._wake()  # e.g. the coordinator was killed: look now, not at the next cycle
                 failed, state = True, None
-                stop.wait(self.quiet_s)
+                stop.wait(self.retry_s)
                 continue
             changed = state is not None and now != state
             if (changed or failed) and not stop.is_set():
                 self._wake()
+            if params and not changed and time.monotonic() - asked < self.quiet_s / 2:
+                stop.wait(self.quiet_s)  # a long poll that did not wait: never more than one per quiet_s
+            # A first answer (no state known) is followed by a long poll at once: a second fault
+            # right after a recovery is heard as soon as the first.
             failed, state = False, now
-            if not changed and time.monotonic() - asked < self.quiet_s / 2:
-                stop.wait(self.quiet_s)  # it did not wait: never more than one ask per quiet_s
