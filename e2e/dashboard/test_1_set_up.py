@@ -67,7 +67,7 @@ def test_1_log_in_enable_distributed_serving_register_nodes(stack, admin, viewer
     for name in ("node-a", "node-b", "node-c"):
         expect(node_entry(page, name)).to_contain_text("Reachable")
         # the viewer sees every node arrive, live
-        expect(node_entry(viewer.page, name)).to_contain_text("Reachable")
+        expect(node_entry(viewer.page, name)).to_contain_text("Reachable", timeout=LIVE)
     assert len(stack.api_state()["nodes"]) == 3
     shots(page, "01d-nodes")
 
