@@ -103,12 +103,12 @@ def time_prefill(model: Any, chunk: int, set_threads: Callable[[bool], None]) ->
         if chunk < FAR_CONTEXT:
             mx.eval(model.forward(tokens(FAR_CONTEXT - chunk), cache), [e.state for e in cache])
         far.append(timed(cache))  # ... and behind FAR_CONTEXT cached tokens
-    # the chunks' mean positions are chunk/2 and max(chunk, FAR_CONTEXT) + chunk/2
+    # every token of a chunk is scored against all keys so far: chunk, then max(chunk, FAR_CONTEXT) + chunk
     gap = max(chunk, FAR_CONTEXT) / 1000
     per_k = max(0.0, (min(far) - min(near)) / gap)
-    # Extrapolating to context 0 can reach zero when timing noise inflates per_k (a tiny model
-    # on a loaded machine); a token's own cost is never below a quarter of what was measured.
-    return max(min(near) / 4, min(near) - per_k * chunk / 2000), per_k
+    # Extrapolating to no keys at all can reach zero when timing noise inflates per_k (a tiny
+    # model on a loaded machine); a token's own cost is never below a tenth of what was measured.
+    return max(min(near) / 10, min(near) - per_k * chunk / 1000), per_k
 
 
 def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[str, Any]:

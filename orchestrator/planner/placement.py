@@ -124,7 +124,7 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     requests = sorted({4, 8, 16, s.max_concurrent_sequences})
     shared = _sharing_a_machine(nodes)
     if shared:
-        note = f"{note}; {shared} share one machine: their prompt chunks take turns".lstrip("; ")
+        note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note)
 
 

@@ -9,11 +9,13 @@ The model follows what the coordinator's scheduler does (engine/pipeline.py):
   (stage, or link serialization) can serve groups faster than its own time per group;
 - a prompt is prefilled in `prefill_step` chunks that are all sent at once: a stage starts
   chunk j as soon as it finished chunk j-1 and chunk j has crossed the link from the stage
-  before (a flow shop), so a slow link only delays the first chunk's arrival. A prompt's
-  chunks run SOLO (every core), so stages whose nodes share one physical machine (several
-  agents on one host, as on the emulated LAN) take turns instead of overlapping. Decode steps
-  of many requests use the stage's base threads (one each when agents share a host), so
-  those still overlap.
+  before (a flow shop), so a slow link only delays the first chunk's arrival. Stages whose
+  nodes share one physical machine (several agents on one host, as on the emulated LAN) share
+  its cores: a prompt's chunks run SOLO (every core), and two at once each get a share, so the
+  machine gets through their work at most k x t_solo / t_base times as fast as one stage after
+  the other (k stages; a step's time on all cores against its base threads: what spreading a
+  step over more cores gains). Decode steps of many requests use the base threads (one each
+  when agents share a host): those overlap as before.
 """
 
 from __future__ import annotations
@@ -137,31 +139,42 @@ def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes:
            prefill_step: int = 2048) -> float:
     """Seconds from submission to the first token of a `prompt`-token prompt (one request)."""
     chunks = [(s, min(prefill_step, prompt - 1 - s)) for s in range(0, max(0, prompt - 1), prefill_step)]
-    done = [0.0] * len(stages)  # when each stage finished its previous item
-    free: dict[str, float] = {}  # when each shared machine's cores are free again
-
-    def run(k: int, arrive: float, t: float) -> float:
-        machine = stages[k].machine
-        done[k] = max(done[k], arrive, free.get(machine, 0.0)) + t
-        if machine:
-            free[machine] = done[k]
-        return done[k]
-
-    for start, n in chunks:
-        arrive = 0.0
-        for k, stage in enumerate(stages):
-            end = run(k, arrive, stage.layer_weight * stage.timing.prefill_ms(start, n))
-            if k < len(stages) - 1:
-                arrive = end + links[k].transfer_ms(n * hidden_bytes + HEADER_BYTES)
+    work = [[stage.layer_weight * stage.timing.prefill_ms(start, n) for start, n in chunks] for stage in stages]
     # The last prompt token samples: a decode step behind the chunks, at the prompt's length.
+    last = [max(0.0, stage_step_ms(stage, 1, solo=True) + stage.layer_weight * (
+        stage.timing.prefill_ms(prompt - 1, 1) - stage.timing.prefill_ms(0, 1))) for stage in stages]
+    done = [0.0] * len(stages)  # when each stage finished its previous item
+    for j, (_, n) in enumerate(chunks):
+        arrive = 0.0
+        for k in range(len(stages)):
+            done[k] = max(done[k], arrive) + work[k][j]
+            if k < len(stages) - 1:
+                arrive = done[k] + links[k].transfer_ms(n * hidden_bytes + HEADER_BYTES)
     arrive = 0.0
-    for k, stage in enumerate(stages):
-        t = stage_step_ms(stage, 1, solo=True) + stage.layer_weight * stage.timing.prefill_ms(prompt - 1, 1) \
-            - stage.layer_weight * stage.timing.prefill_ms(0, 1)  # the attention over the cached prompt
-        end = run(k, arrive, max(t, 0.0))
+    for k in range(len(stages)):
+        done[k] = max(done[k], arrive) + last[k]
         link, size = (links[k], hidden_bytes + HEADER_BYTES) if k < len(stages) - 1 else (links[-1], RESULT_BYTES)
-        arrive = end + link.transfer_ms(size)
-    return (arrive + COORDINATOR_MS) / 1000
+        arrive = done[k] + link.transfer_ms(size)
+    # A shared machine gets through its stages' work no faster than its cores allow.
+    busiest = max((sum(sum(work[k]) + last[k] for k in ks) / _shared_speedup([stages[k] for k in ks])
+                   for ks in _machines(stages)), default=0.0)
+    return (max(arrive, busiest) + COORDINATOR_MS) / 1000
+
+
+def _machines(stages: Sequence[StageSpec]) -> list[list[int]]:
+    """The stages (indices) of each physical machine that runs more than one of them."""
+    by_machine: dict[str, list[int]] = {}
+    for k, s in enumerate(stages):
+        if s.machine:
+            by_machine.setdefault(s.machine, []).append(k)
+    return [ks for ks in by_machine.values() if len(ks) > 1]
+
+
+def _shared_speedup(stages: Sequence[StageSpec]) -> float:
+    """How much faster than one after the other k SOLO steps run at once on one machine: k x
+    t_solo / t_base (each gets a share of the cores, like its base threads), between 1 and k."""
+    ratio = sum(s.timing.layer_ms_b1_solo / s.timing.layer_ms_b1 for s in stages) / len(stages)
+    return min(float(len(stages)), max(1.0, len(stages) * ratio))
 
 
 def bottleneck(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, requests: int,

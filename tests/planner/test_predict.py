@@ -77,21 +77,27 @@ def test_prefill_chunks_overlap_across_stages(links, expected_s):
     assert ttft_s(stages, links, HIDDEN, 4097) == pytest.approx(expected_s, rel=1e-6)
 
 
-def test_prefill_chunks_take_turns_on_stages_that_share_a_machine():
-    """Chunks run SOLO: two stages on one machine's cores cannot overlap them — 4 chunk times,
-    then the sampled token's decode step on each stage in turn."""
-    shared = [stage(1).model_copy(update={"machine": "m"}), stage(1, last=True).model_copy(update={"machine": "m"})]
+def test_stages_on_one_machine_share_its_cores_for_a_prompt():
+    """Chunks run SOLO. When a step on every core is twice as fast as on the base thread (all
+    the cores help), two stages on one machine gain nothing by overlapping: 4 chunk times, then
+    the sampled token's step on each. When more cores do not help, they overlap as apart."""
+    scales = T.model_copy(update={"layer_ms_b1": 2.0})
+    shared = [stage(1, timing=scales).model_copy(update={"machine": "m"}),
+              stage(1, last=True, timing=scales).model_copy(update={"machine": "m"})]
     assert ttft_s(shared, (FREE, FREE), HIDDEN, 4097) == pytest.approx((4 * 204.8 + 2 + COORDINATOR_MS) / 1000,
                                                                        rel=1e-6)
-    apart = [stage(1).model_copy(update={"machine": "m"}), stage(1, last=True).model_copy(update={"machine": "m2"})]
-    assert ttft_s(apart, (FREE, FREE), HIDDEN, 4097) == pytest.approx((3 * 204.8 + 1 + COORDINATOR_MS) / 1000,
-                                                                      rel=1e-6)
+    apart = [s.model_copy(update={"machine": f"m{k}"}) for k, s in enumerate(shared)]
+    overlap = (3 * 204.8 + 1 + COORDINATOR_MS) / 1000
+    assert ttft_s(apart, (FREE, FREE), HIDDEN, 4097) == pytest.approx(overlap, rel=1e-6)
+    no_gain = [stage(1).model_copy(update={"machine": "m"}), stage(1, last=True).model_copy(update={"machine": "m"})]
+    assert ttft_s(no_gain, (FREE, FREE), HIDDEN, 4097) == pytest.approx(overlap, rel=1e-6)
 
 
 def test_prefill_grows_with_context():
     t = T.model_copy(update={"prefill_ms_per_token_per_k": 0.1})
-    assert t.prefill_ms(0, 1000) == pytest.approx(1000 * (0.1 + 0.05))
-    assert t.prefill_ms(1000, 1000) == pytest.approx(1000 * (0.1 + 0.15))
+    # every token is scored against all keys so far (the chunk's own included)
+    assert t.prefill_ms(0, 1000) == pytest.approx(1000 * (0.1 + 0.1))
+    assert t.prefill_ms(1000, 1000) == pytest.approx(1000 * (0.1 + 0.2))
 
 
 @pytest.mark.parametrize("single_tps, split_tps, single_agg, split_agg, text", [
@@ -137,10 +143,11 @@ def test_a_node_without_timing_borrows_one_with_the_same_accelerator():
 
 
 def test_nodes_on_one_machine_are_named_and_their_long_prompts_take_longer():
-    apart = plan_cluster(llama(), [timed(0, T), timed(1, T)]).performance
-    one = [timed(i, T).model_copy(update={"machine": "m1"}) for i in (0, 1)]
+    scales = T.model_copy(update={"layer_ms_b1": 1.6})  # every core helps: 1.6x faster SOLO
+    apart = plan_cluster(llama(), [timed(0, scales), timed(1, scales)]).performance
+    one = [timed(i, scales).model_copy(update={"machine": "m1"}) for i in (0, 1)]
     shared = plan_cluster(llama(), one).performance
-    assert "node0 and node1 share one machine" in shared.timing_note and "share" not in apart.timing_note
+    assert "node0 and node1 share one machine's cores" in shared.timing_note and "share" not in apart.timing_note
     assert shared.ttft(8192) > apart.ttft(8192) and shared.decode_tps_1 == pytest.approx(apart.decode_tps_1)
 
 
