@@ -293,4 +293,13 @@ def build_app(c: Coordinator) -> App:
 
 def make_server(coordinator: Coordinator, host: str, port: int, limits: Limits | None = None) -> Server:
     """A threaded HTTP server bound to (host, port) serving the coordinator (limits: defaults + env)."""
-    return Server((host, port), build_app(coordinator), coordinator.log, limits or Limits().with_env())
+    server = bind_server(host, port, coordinator.log, limits)
+    server.app = build_app(coordinator)
+    return server
+
+
+def bind_server(host: str, port: int, log: EventLogger, limits: Limits | None = None) -> Server:
+    """The coordinator's HTTP listener, bound now and serving nothing yet (attach `build_app`
+    before `serve_forever`; clients wait in the backlog meanwhile). Binding first keeps the
+    plan's port from being taken while the tokenizer loads."""
+    return Server((host, port), App.of([], 0), log, limits or Limits().with_env())

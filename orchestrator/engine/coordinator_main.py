@@ -46,6 +46,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     context = config.cluster.context_length or int(model_cfg.get("max_position_embeddings") or 4096)
     metrics = Metrics([s.id for s in config.stages])
+    from .api import Coordinator, bind_server, build_app
+
+    try:  # the port first: no other process may take it while the tokenizer loads
+        server = bind_server(args.host, args.port, log)
+    except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
+        log.error("config.invalid", reason=exc)
+        return 2
+    except OSError as exc:
+        log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
+        return 3
+    log.info("http.bound", address=f"{args.host}:{args.port}")
     # The links and the readiness probe need no tokenizer (a probe ignores end-of-sequence), so
     # they run while mlx-lm's tokenizer stack imports (~1 s: transformers) instead of after it:
     # a replaced coordinator is ready that much sooner. Nothing public reaches the pipeline
@@ -54,22 +65,11 @@ def run(args: argparse.Namespace) -> int:
     pipeline.start()
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from .api import Coordinator, make_server
-
     tokenizer = load_tokenizer(args.model)
     pipeline.eos_ids = set(tokenizer.eos_token_ids)
     log.info("tokenizer.loaded", pipeline=pipeline.health.state)
     name = args.model_name or args.model.resolve().name
-    try:
-        server = make_server(Coordinator(pipeline, tokenizer, name, metrics, log, secret), args.host, args.port)
-    except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
-        log.error("config.invalid", reason=exc)
-        pipeline.stop()
-        return 2
-    except OSError as exc:
-        log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
-        pipeline.stop()
-        return 3
+    server.app = build_app(Coordinator(pipeline, tokenizer, name, metrics, log, secret))
     stop = threading.Event()
 
     def shutdown(*_: object) -> None:

@@ -142,13 +142,14 @@ def test_a_replaced_stage_that_computes_differently_fails_the_probe(model_factor
 def test_the_coordinator_probes_its_stages_while_its_tokenizer_loads(model_factory, launch):
     """The links and the probe do not wait for the tokenizer stack's import (~1 s): they come
     up before it is loaded (a replaced coordinator is ready sooner); end-of-sequence ids are
-    set before the server takes requests (test_api's greedy runs stop at them)."""
+    set before the server takes requests (test_api's greedy runs stop at them). Its port is bound
+    first, so no other process can take it meanwhile (a CI run lost a coordinator that way)."""
     model = model_factory()
     cluster = launch(model, [(0, 1), (2, 3)])
     lines = cluster.output("coordinator", tail=200).splitlines()
     first = {event: next(i for i, line in enumerate(lines) if f" {event} " in line)
-             for event in ("link.up", "tokenizer.loaded", "http.listening")}
-    assert first["link.up"] < first["tokenizer.loaded"] < first["http.listening"], lines
+             for event in ("http.bound", "link.up", "tokenizer.loaded", "http.listening")}
+    assert first["http.bound"] < first["link.up"] < first["tokenizer.loaded"] < first["http.listening"], lines
     body = {"model": model.name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
     assert requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
 
