@@ -61,6 +61,7 @@ class Agent:
         self.compute = ComputeProfiler(self.inventory, config.state_dir, log)  # timed layers, per model
         self.links = LinkProber(log, netif.interfaces)  # measured links to peers
         self.accelerator = node_report.detect_accelerator()  # fixed for the agent's life
+        self.platform = node_report.platform_facts()  # so is the machine (and its id, read from disk)
         self.server: Server | None = None
         self.advertiser: Advertiser | None = None
         self._stop = threading.Event()
@@ -80,7 +81,7 @@ class Agent:
         lo, hi = self.config.transport_ports
         return Report(
             name=self.config.name, fingerprint=self.state.fingerprint, version=__version__,
-            accelerator=self.accelerator, versions=node_report.versions(), platform=node_report.platform_facts(),
+            accelerator=self.accelerator, versions=node_report.versions(), platform=self.platform,
             memory=node_report.memory(self.config.memory_budget, self.processes.rss()),
             disk_free_bytes=shutil.disk_usage(self.inventory.root).free,
             transport_ports=node_report.free_ports(self.config.host, lo, hi),

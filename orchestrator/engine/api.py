@@ -291,13 +291,6 @@ def build_app(c: Coordinator) -> App:
     return App.of(routes, MAX_BODY, observe=observe, log_hint="see the coordinator log")
 
 
-def make_server(coordinator: Coordinator, host: str, port: int, limits: Limits | None = None) -> Server:
-    """A threaded HTTP server bound to (host, port) serving the coordinator (limits: defaults + env)."""
-    server = bind_server(host, port, coordinator.log, limits)
-    server.app = build_app(coordinator)
-    return server
-
-
 def bind_server(host: str, port: int, log: EventLogger, limits: Limits | None = None) -> Server:
     """The coordinator's HTTP listener, bound now and serving nothing yet (attach `build_app`
     before `serve_forever`; clients wait in the backlog meanwhile). Binding first keeps the

@@ -17,7 +17,7 @@ from .balance import Split, min_max_split
 from .facts import NodeFacts
 from .memory import StageCosts
 from .perf_inputs import ASSUMED_LINK, LOCAL_LINK, LayerTiming, LinkCost
-from .predict import Performance, StageSpec, predict, single_node_stages, single_node_verdict
+from .predict import Performance, StageSpec, predict, shared_machines, single_node_stages, single_node_verdict
 from .transport import TransportPlan
 
 MAX_PERMUTED = 6  # nodes after the first; 720 orders at most
@@ -122,20 +122,16 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     links = [on_transport(link_between(a, b), a, b, transport) for a, b in pairs]
     s = costs.settings
     requests = sorted({4, 8, 16, s.max_concurrent_sequences})
-    shared = _sharing_a_machine(nodes)
+    shared = _sharing_a_machine(stages)
     if shared:
         note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note)
 
 
-def _sharing_a_machine(nodes: Sequence[NodeFacts]) -> str:
-    """'node-a and node-b' when selected nodes run on one physical machine ('' when none do)."""
-    by_machine: dict[str, list[str]] = {}
-    for n in {n.id: n for n in nodes}.values():  # a node may run two stages: named once
-        if n.machine:
-            by_machine.setdefault(n.machine, []).append(n.name)
-    groups = [names for names in by_machine.values() if len(names) > 1]
-    return "; ".join(", ".join(g[:-1]) + " and " + g[-1] for g in groups)
+def _sharing_a_machine(stages: Sequence[StageSpec]) -> str:
+    """'node-a and node-b' when the stages' nodes run on one physical machine ('' when none do)."""
+    groups = [list(dict.fromkeys(stages[k].node_name for k in ks)) for ks in shared_machines(stages)]
+    return "; ".join(", ".join(g[:-1]) + " and " + g[-1] for g in groups if len(g) > 1)
 
 
 def with_single_node_verdict(perf: Performance, costs: StageCosts, nodes: Sequence[NodeFacts],

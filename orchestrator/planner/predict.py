@@ -157,11 +157,11 @@ def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes:
         arrive = done[k] + link.transfer_ms(size)
     # A shared machine gets through its stages' work no faster than its cores allow.
     busiest = max((sum(sum(work[k]) + last[k] for k in ks) / _shared_speedup([stages[k] for k in ks])
-                   for ks in _machines(stages)), default=0.0)
+                   for ks in shared_machines(stages)), default=0.0)
     return (max(arrive, busiest) + COORDINATOR_MS) / 1000
 
 
-def _machines(stages: Sequence[StageSpec]) -> list[list[int]]:
+def shared_machines(stages: Sequence[StageSpec]) -> list[list[int]]:
     """The stages (indices) of each physical machine that runs more than one of them."""
     by_machine: dict[str, list[int]] = {}
     for k, s in enumerate(stages):
