@@ -19,7 +19,8 @@ from urllib.parse import urlsplit
 from .state import Node, Session, Settings
 
 if TYPE_CHECKING:
-    from .download_state import HubRef
+    from ..agent.hub import HubListing
+    from .download_state import HubRef, ModelDownload
 
 Split = tuple[tuple[int, int], ...]  # a manual split: inclusive (first, last) layer range per stage
 
@@ -123,8 +124,41 @@ class ResumeSession:
     at: float
 
 
+@dataclass(frozen=True)
+class DownloadModel:
+    """Download a hub repository once (onto the first node) and copy it over the LAN to the
+    others. The caller has listed the repository as the first node sees the hub (I/O)."""
+
+    model_id: str
+    node_ids: tuple[str, ...]
+    listing: "HubListing"
+    now: float  # the download's started_at
+
+
+@dataclass(frozen=True)
+class ResumeDownload:
+    """After a dashboard restart: follow a download that was running (the agents kept going)."""
+
+    download: "ModelDownload"
+
+
+@dataclass(frozen=True)
+class CancelDownload:
+    """Stop a running download on every node (partial files are dropped)."""
+
+    model_id: str
+
+
+@dataclass(frozen=True)
+class DeleteModel:
+    """Delete a model from one node."""
+
+    model_id: str
+    node_id: str
+
+
 Command = Union[UpdateSettings, AddNode, RemoveNode, PrepareModel, PreviewPlan, LaunchCluster, LaunchSingle,
-                LaunchSession, StopSession, ResumeSession]
+                LaunchSession, StopSession, ResumeSession, DownloadModel, ResumeDownload, CancelDownload, DeleteModel]
 
 
 def agent_url(address: str) -> str:

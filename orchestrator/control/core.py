@@ -180,8 +180,8 @@ class Orchestrator:
         self.bus.publish(event)
         self.effects.run(react(old, new, event))
 
-    def _command(self, command: Command, timeout: float = 30.0) -> Decision:
-        """Have the thread decide `command`; raises CommandRefused when it is refused."""
+    def command(self, command: Command, timeout: float = 30.0) -> Decision:
+        """Have the thread decide `command` and wait for the decision; raises CommandRefused when it is refused."""
         future: Future = Future()
         self._inbox.put((command, future))
         decision: Decision = future.result(timeout)
@@ -192,7 +192,7 @@ class Orchestrator:
     # --- settings and nodes -----------------------------------------------------------
     def update_settings(self, settings: Settings) -> Settings:
         """Validate and store settings."""
-        self._command(UpdateSettings(settings))
+        self.command(UpdateSettings(settings))
         return settings
 
     def register_node(self, address: str, token: str) -> Node:
@@ -208,19 +208,19 @@ class Orchestrator:
             client.close()
         node = Node(id=paired.fingerprint, name=paired.name, url=url, credential=paired.credential,
                     last_seen=time.time(), report=report)
-        self._command(AddNode(node))
+        self.command(AddNode(node))
         self.log.info("node.registered", node=node.name, url=url)
         return node
 
     def remove_node(self, node_id: str) -> None:
         """Forget a node; refused while a live session runs on it."""
-        self._command(RemoveNode(node_id))
+        self.command(RemoveNode(node_id))
 
     # --- preparation --------------------------------------------------------------------
     def prepare(self, model_id: str, node_ids: list[str], hub: "HubRef | None" = None) -> None:
         """Start getting the model onto every node (progress arrives as events); when no node has
         it yet and `hub` is given, one node downloads it from the hub and the others copy it."""
-        self._command(PrepareModel(model_id, tuple(node_ids), hub))
+        self.command(PrepareModel(model_id, tuple(node_ids), hub))
 
     # --- plans and sessions --------------------------------------------------------------
     def preview_plan(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
@@ -228,27 +228,27 @@ class Orchestrator:
         """Plan (read-only; nothing starts) and show the result to every viewer; with `measure`,
         links and layer timings the plan lacks are measured in the background and the plan is
         previewed again with its prediction (control/perf.py)."""
-        decision = self._command(PreviewPlan(model_id, tuple(node_ids), context_length, concurrency,
+        decision = self.command(PreviewPlan(model_id, tuple(node_ids), context_length, concurrency,
                                              _split(manual_split), measure))
         return _previewed(decision).result
 
     def launch_cluster(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
                        manual_split: list[tuple[int, int]] | None = None) -> Session:
         """Plan and launch a cluster; refused (CommandRefused) when the planner refuses or nodes are not ready."""
-        return _created(self._command(LaunchCluster(model_id, tuple(node_ids), new_session_id(), time.time(),
+        return _created(self.command(LaunchCluster(model_id, tuple(node_ids), new_session_id(), time.time(),
                                                     context_length, concurrency, _split(manual_split))))
 
     def launch_single(self, model_id: str, node_id: str) -> Session:
         """Serve the whole model from one node (the baseline session, same machinery)."""
-        return _created(self._command(LaunchSingle(model_id, node_id, new_session_id(), time.time())))
+        return _created(self.command(LaunchSingle(model_id, node_id, new_session_id(), time.time())))
 
     def launch(self, session: Session, model_id: str) -> Session:
         """Create a session from placements (see `planning`) and launch it in the background."""
-        return _created(self._command(LaunchSession(session, model_id, time.time())))
+        return _created(self.command(LaunchSession(session, model_id, time.time())))
 
     def stop_session(self, session_id: str) -> None:
         """Stop a session: the same teardown as an unhealthy cluster, reason "stopped"."""
-        self._command(StopSession(session_id))
+        self.command(StopSession(session_id))
 
     def wait(self, predicate: Callable[[State], bool], timeout: float = 60.0) -> State:
         """Block until predicate(state) holds (for tests and scripts); raises TimeoutError."""

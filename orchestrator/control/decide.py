@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Union
 
 from ..planner import Plan, Refusal, plan_to_cluster_toml
 from . import events as ev
-from .commands import (AddNode, Command, CommandRefused, LaunchCluster, LaunchSession, LaunchSingle, PrepareModel,
-                       PreviewPlan, RemoveNode, ResumeSession, Split, StopSession, UpdateSettings)
+from .commands import (AddNode, CancelDownload, Command, CommandRefused, DeleteModel, DownloadModel, LaunchCluster,
+                       LaunchSession, LaunchSingle, PrepareModel, PreviewPlan, RemoveNode, ResumeDownload,
+                       ResumeSession, Split, StopSession, UpdateSettings)
 from .launcher import timeline
+from .model_rules import ModelEffect, decide_cancel, decide_delete, decide_download, decide_resume, deletion_conflict
 from .perf import lacking
 from .planning import PlanningError, plan_for, plan_settings, session_from_plan, session_name, single_session
 from .state import Health, PreviewedPlan, Session, State
@@ -88,7 +90,8 @@ class Readopt:
     session: Session
 
 
-Effect = Union[StartLaunch, StartTeardown, StartRecovery, CancelWork, RunPreparation, MeasureAfterPreview, Readopt]
+Effect = Union[StartLaunch, StartTeardown, StartRecovery, CancelWork, RunPreparation, MeasureAfterPreview, Readopt,
+               ModelEffect]
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,14 @@ def decide(state: State, command: Command) -> Decision:  # noqa: C901 (one case 
             return _stop(state, session_id)
         case ResumeSession():
             return _resume(state, command)
+        case DownloadModel():  # the Models tab's rules: model_rules.py
+            return Decision(*decide_download(state, command))
+        case ResumeDownload():
+            return Decision(*decide_resume(state, command))
+        case CancelDownload():
+            return Decision(*decide_cancel(state, command))
+        case DeleteModel():
+            return Decision(*decide_delete(state, command))
     raise TypeError(f"not a command: {command!r}")
 
 
@@ -210,6 +221,9 @@ def _launch(state: State, session: Session, model_id: str, now: float) -> Decisi
             raise CommandRefused(f"node {nid!r} is not registered")
     if any(s.name == session.name for s in state.sessions):
         raise CommandRefused(f"a session named {session.name!r} is already live: stop it first")
+    deleted = deletion_conflict(state, model_id, session.node_ids)
+    if deleted:
+        raise CommandRefused(deleted)
     # The plan decided the transport and why it may differ from the setting (session_from_plan);
     # a single-node session has no boundary between nodes.
     created = session.model_copy(update={"timeline": timeline(session), "created_at": now})

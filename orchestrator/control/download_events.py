@@ -1,10 +1,10 @@
-"""Events of model downloads (past tense) and how they change the state (pure)."""
+"""Events of model downloads and deletions (past tense) and how they change the state (pure)."""
 
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from .download_state import DownloadPhase, ModelDownload, NodeDownload
+from .download_state import DownloadPhase, ModelDeletion, ModelDownload, NodeDownload
 from .events import LOCAL_MODELS, MODEL_DOWNLOADS, Event
 from .state import State
 
@@ -53,13 +53,34 @@ class ModelDownloadFinished(Event):
     error: str = ""
 
 
+class ModelDeletionStarted(Event):
+    """A model's deletion from a node was accepted (nothing may start on it until it ends)."""
+
+    kind: Literal["model_deletion_started"] = "model_deletion_started"
+    persisted: ClassVar[bool] = False  # a restart asks the agent again, which knows
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS})
+    model_id: str
+    node_id: str
+
+
+class ModelDeletionFinished(Event):
+    """The node deleted the model (`error` empty) or refused to, saying why."""
+
+    kind: Literal["model_deletion_finished"] = "model_deletion_finished"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS})
+    model_id: str
+    node_id: str
+    error: str = ""
+
+
 def _replace(state: State, model_id: str, fn) -> State:
     downloads = tuple(fn(d) if d.model_id == model_id else d for d in state.downloads)
     return state.model_copy(update={"downloads": downloads})
 
 
 def apply_download(state: State, e: Event) -> State:
-    """The state after a download event (unknown models change nothing)."""
+    """The state after a download or deletion event (unknown models change nothing)."""
     if isinstance(e, ModelDownloadStarted):
         others = tuple(d for d in state.downloads if d.model_id != e.download.model_id)
         done = [d for d in others if d.finished]
@@ -73,7 +94,24 @@ def apply_download(state: State, e: Event) -> State:
             "commit": e.commit, "total_bytes": e.total_bytes, "files": e.files}))
     if isinstance(e, ModelDownloadFinished):
         return _replace(state, e.model_id, lambda d: d.model_copy(update={"phase": e.phase, "error": e.error}))
+    if isinstance(e, ModelDeletionStarted | ModelDeletionFinished):
+        others = tuple(d for d in state.deletions if (d.model_id, d.node_id) != (e.model_id, e.node_id))
+        if isinstance(e, ModelDeletionStarted):
+            entry = ModelDeletion(model_id=e.model_id, node_id=e.node_id)
+        elif len(others) == len(state.deletions):
+            return state  # no deletion of it was started
+        else:
+            entry = ModelDeletion(model_id=e.model_id, node_id=e.node_id, phase="failed" if e.error else "done",
+                                  error=e.error)
+        done = [d for d in others if d.phase != "running"]
+        drop = {id(d) for d in done[:max(0, len(done) - KEPT)]}
+        return state.model_copy(update={"deletions": tuple(d for d in others if id(d) not in drop) + (entry,)})
     return state
+
+
+def deleting(state: State, model_id: str, node_id: str) -> bool:
+    """Whether the model is being deleted from the node right now."""
+    return any(d.model_id == model_id and d.node_id == node_id and d.phase == "running" for d in state.deletions)
 
 
 def verified_holders(state: State, model_id: str) -> set[str]:

@@ -2,7 +2,7 @@
 
 One `ModelDownload` per model id: a hub repository fetched ONCE onto one node, and copied over
 the LAN to the other target nodes file by file, each file as soon as that node has verified it
-(`lan_copies`).
+(`lan_copies`). One `ModelDeletion` per model deleted from a node.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 NodeDownloadStatus = Literal["waiting", "downloading", "copying", "verified", "failed", "cancelled"]
 DownloadPhase = Literal["running", "done", "failed", "cancelled"]
+DeletionPhase = Literal["running", "done", "failed"]
 
 
 class _Frozen(BaseModel):
@@ -65,3 +66,12 @@ class ModelDownload(_Frozen):
     def finished(self) -> bool:
         """No worker runs for it any more."""
         return self.phase != "running"
+
+
+class ModelDeletion(_Frozen):
+    """A model being (or just) deleted from one node: while running, nothing may start on it."""
+
+    model_id: str
+    node_id: str
+    phase: DeletionPhase = "running"
+    error: str = ""

@@ -2,7 +2,7 @@
 
 `EffectRunner.run` is called on the orchestrator thread with the effects of a decision or a
 reaction, and must never block it: each effect becomes a worker thread (launch, teardown,
-recovery, preparation, measuring, re-adoption) that talks to agents, coordinators and the
+recovery, preparation, measuring, re-adoption, a model's download or deletion) that talks to agents, coordinators and the
 router and answers with events (`Orchestrator.post`) or, when what it found needs a rule, a
 command. The runner also owns the cancel flags of running launches and recoveries.
 """
@@ -20,6 +20,7 @@ from .commands import PreviewPlan, ResumeSession
 from .decide import (CancelWork, Effect, MeasureAfterPreview, Readopt, RunPreparation, StartLaunch, StartRecovery,
                      StartTeardown)
 from .launcher import Launcher
+from .model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
 from .state import Session
 
 if TYPE_CHECKING:
@@ -62,6 +63,12 @@ class EffectRunner:
                                 effect.links, effect.timing, lambda: self.orch.submit(again))
                 case Readopt(session=s):
                     self._spawn(self._readopt, s)
+                case RunDownload(download=dl):
+                    self.orch.models.run(dl)  # its own worker thread
+                case CancelDownloadWork(model_id=model_id):
+                    self.orch.models.cancel_work(model_id)
+                case DeleteModelFiles(model_id=model_id, node_id=node_id):
+                    self._spawn(self.orch.models.delete_files, model_id, node_id)
                 case _:
                     raise TypeError(f"not an effect: {effect!r}")
 
@@ -88,12 +95,7 @@ class EffectRunner:
             return
         if ok:  # stopped while the last step finished: take it down again
             launcher.teardown()
-        now = self.orch.state.session(s.id)
-        failed = next((st for st in (now.timeline if now else ()) if st.state == "failed"), None)
-        reason = "launch cancelled" if cancel.is_set() else (
-            f"launch failed at “{failed.label}”: {failed.detail}" if failed else "launch failed")
-        self.orch.post(ev.HealthChanged(session_id=s.id, health="Stopped", phase="failed", reason=reason))
-        self.orch.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+        self.orch.post(ev.LaunchEnded(session_id=s.id, cancelled=cancel.is_set()))  # apply words the reason
 
     def teardown(self, s: Session, health: str, reason: str) -> None:
         """Deregister, stop every process, then report the session ended."""

@@ -287,6 +287,18 @@ class SessionRemoved(Event):
     reason: str = ""
 
 
+class LaunchEnded(Event):
+    """A launch did not end serving: it failed at a step (the timeline says which) or was
+    cancelled. The session ends (Stopped, failed) and moves to the history; `apply` words the
+    reason from its own timeline."""
+
+    kind: Literal["launch_ended"] = "launch_ended"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
+    session_id: str
+    cancelled: bool = False
+
+
 class Subscription(queue.Queue):
     """One subscriber's bounded queue, and whether the bus gave up on it.
 

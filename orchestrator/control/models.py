@@ -1,10 +1,12 @@
-"""Models tab commands: download from the hub (once; LAN copies follow it), serve on one node, delete.
+"""Models tab: download from the hub (once; LAN copies follow it), serve on one node, delete.
 
-`ModelManager` belongs to the Orchestrator (`orch.models`). Its commands check what they can
-against the latest state and refuse with `CommandRefused`; a download then runs in a worker
-thread that posts past-tense events (`download_events`). Downloads in progress are also
-written to `<state dir>/downloads.json` so a restarted dashboard resumes them (the agents
-keep their partial files; a fetch of the same request continues them).
+`ModelManager` belongs to the Orchestrator (`orch.models`). Its public methods do the I/O a
+command needs first (the hub listing), then hand the command to the orchestrator thread,
+where `model_rules` decides it against the state of that moment; the effects come back here:
+a download runs in a worker thread that posts past-tense events (`download_events`), a
+deletion asks the node's agent. Downloads in progress are also written to
+`<state dir>/downloads.json` so a restarted dashboard resumes them (the agents keep their
+partial files; a fetch of the same request continues them).
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from ..agent.client import AgentClient, AgentError
 from ..agent.hub import HubListing
 from ..agent.names import InvalidName, check_model_id
 from . import events as ev
-from .commands import CommandRefused
-from .download_events import ModelDownloadFinished, ModelDownloadProgressed, ModelDownloadStarted
+from .commands import CancelDownload, CommandRefused, DeleteModel, DownloadModel, ResumeDownload
+from .download_events import (ModelDeletionFinished, ModelDownloadFinished, ModelDownloadProgressed,
+                              ModelDownloadStarted)
 from .download_state import HubRef, ModelDownload, NodeDownload
 from .fetching import FetchCancelled, FetchDetached, fetch_from_hub
 from .lan_copies import FollowingCopies
+from .model_rules import reachable_name
 
 if TYPE_CHECKING:
     from .core import Orchestrator
     from .state import Session
 
 FILENAME = "downloads.json"
-DISK_MARGIN = 64 << 20  # what a node keeps free beyond the model (logs, caches)
+DELETE_WAIT_S = 60.0  # how long a delete waits for the agent's answer
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 
 
@@ -53,42 +57,27 @@ def parse_hub_ref(repo_id: str, revision: str = "") -> HubRef:
     return HubRef(repo_id=repo_id, revision=revision)
 
 
-def listing_refusal(listing: HubListing) -> str | None:
-    """Why a listed repository cannot be downloaded here (None when it can)."""
-    if not listing.mlx:
-        return f"{listing.repo_id} is not an MLX model: {listing.reason}"
-    if listing.gated and not listing.token:
-        return (f"{listing.repo_id} is a gated repository and the node has no hub token: accept its terms on the "
-                "Hub, then start the node's agent with HF_TOKEN set")
-    return None
-
-
 class ModelManager:
     """Downloads, single-node serving and deletion, for one Orchestrator."""
 
     def __init__(self, orch: "Orchestrator") -> None:
         self.orch = orch
-        self._lock = threading.Lock()  # one command at a time: two clicks cannot start two downloads
-        self._file_lock = threading.Lock()  # workers and commands both record downloads
+        self._cancels_lock = threading.Lock()  # the orchestrator thread adds flags, workers remove theirs
+        self._file_lock = threading.Lock()  # workers record downloads
         self._cancels: dict[str, threading.Event] = {}
         self._detach = threading.Event()  # the dashboard stops: workers let go, the agents go on
         self._path = Path(orch.state_dir) / FILENAME
 
     # --- commands ------------------------------------------------------------------------
-    def _client(self, node_id: str) -> AgentClient:
-        node = self.orch.state.node(node_id)
-        client = self.orch.agent(node_id)
-        if node is None or client is None:
-            raise CommandRefused(f"node {node_id!r} is not registered")
-        if node.status != "reachable":
-            raise CommandRefused(f"node {node.name} is unreachable ({node.error or 'no report yet'})")
-        return client
-
     def hub_files(self, repo_id: str, revision: str, node_id: str) -> HubListing:
         """The repository's files and sizes as `node_id` sees the hub; nothing is downloaded."""
         hub = parse_hub_ref(repo_id, revision)
+        reachable_name(self.orch.state, node_id)
+        client = self.orch.agent(node_id)
+        if client is None:
+            raise CommandRefused(f"node {node_id!r} is not registered")
         try:
-            return self._client(node_id).hub_files(hub.repo_id, hub.revision)
+            return client.hub_files(hub.repo_id, hub.revision)
         except AgentError as exc:
             raise CommandRefused(exc.message) from None
 
@@ -103,68 +92,58 @@ class ModelManager:
         node_ids = list(dict.fromkeys(node_ids))
         if not node_ids:
             raise CommandRefused("choose at least one node to download to")
-        with self._lock:
-            state = self.orch.state
-            running = next((d for d in state.downloads if d.model_id == model_id and not d.finished), None)
-            if running is not None:
-                raise CommandRefused(f"{model_id} is already being downloaded: wait for it or cancel it")
-            for nid in node_ids:
-                self._client(nid)
-                node = state.node(nid)
-                if node.report and any(m.id == model_id for m in node.report.models):
-                    raise CommandRefused(f"{node.name} already has a model named {model_id}: delete it first, "
-                                         "or give the download another name")
-            listing = self.hub_files(hub.repo_id, hub.revision, node_ids[0])
-            refusal = listing_refusal(listing)
-            if refusal:
-                raise CommandRefused(refusal)
-            for nid in node_ids:  # before anything is fetched: every target must have the room
-                node = state.node(nid)
-                free = node.report.disk_free_bytes if node.report else 0
-                if listing.total_bytes + DISK_MARGIN > free:
-                    raise CommandRefused(f"not enough disk space on {node.name}: {listing.repo_id} needs "
-                                         f"{listing.total_bytes / 1e6:.1f} MB (+{DISK_MARGIN >> 20} MiB margin), "
-                                         f"{free / 1e6:.1f} MB are free")
-            dl = ModelDownload(model_id=model_id, hub=hub, commit=listing.commit, total_bytes=listing.total_bytes,
-                               files=len(listing.files), started_at=time.time(),
-                               nodes=tuple(NodeDownload(node_id=n, total_bytes=listing.total_bytes,
-                                                        detail="waiting for the hub download" if i else "")
-                                           for i, n in enumerate(node_ids)))
-            self._begin(dl)
-        try:  # answer once every viewer's state has it (the action renders it at once)
-            self.orch.wait(lambda st: any(d.model_id == model_id and d.started_at == dl.started_at
-                                          for d in st.downloads), 5)
-        except TimeoutError:
-            pass  # the live push brings it
-        return dl
+        listing = self.hub_files(hub.repo_id, hub.revision, node_ids[0])  # I/O first; the rules decide on it
+        decision = self.orch.command(DownloadModel(model_id, tuple(node_ids), listing, time.time()))
+        return next(e.download for e in decision.events if isinstance(e, ModelDownloadStarted))
 
     def cancel(self, model_id: str) -> None:
         """Stop a running download on every node (partial files are dropped)."""
-        with self._lock:
-            flag = self._cancels.get(model_id)
-            if flag is None:
-                raise CommandRefused(f"no download of {model_id} is running")
-            flag.set()
+        self.orch.command(CancelDownload(model_id))
 
     def delete(self, model_id: str, node_id: str) -> None:
-        """Delete a model from one node; refused while a session uses it there or it is downloading."""
-        state = self.orch.state
-        name = state.node(node_id).name if state.node(node_id) else node_id
-        users = [s.name for s in state.sessions if s.model_id == model_id and node_id in s.node_ids
-                 and s.phase not in ("stopped", "failed")]
-        if users:
-            raise CommandRefused(f"{model_id} on {name} is used by session {', '.join(users)}: stop it first")
-        if any(d.model_id == model_id and not d.finished and d.node(node_id) for d in state.downloads):
-            raise CommandRefused(f"{model_id} is being downloaded to {name}: cancel the download first")
-        try:
-            self._client(node_id).delete_model(model_id)
-        except AgentError as exc:
-            raise CommandRefused(f"delete {model_id} on {name}: {exc.message}") from None
-        self._refresh(node_id)
+        """Delete a model from one node; refused while a session uses it there or it is downloading,
+        or with the agent's reason when it refuses."""
+        self.orch.command(DeleteModel(model_id, node_id))
+        key = (model_id, node_id)
+        state = self.orch.wait(lambda st: any((d.model_id, d.node_id) == key and d.phase != "running"
+                                              for d in st.deletions), DELETE_WAIT_S)
+        done = next(d for d in state.deletions if (d.model_id, d.node_id) == key)
+        if done.error:
+            raise CommandRefused(done.error)
 
     def serve(self, model_id: str, node_id: str) -> "Session":
         """A single-node session: one stage with every layer plus the coordinator, one router backend."""
         return self.orch.launch_single(model_id, node_id)
+
+    # --- effects (model_rules decided them) -------------------------------------------------
+    def run(self, dl: ModelDownload) -> None:
+        """Run a download in its worker thread (on the orchestrator thread: nothing here blocks)."""
+        cancel = threading.Event()
+        with self._cancels_lock:
+            self._cancels[dl.model_id] = cancel
+        threading.Thread(target=self._run, args=(dl, cancel), name=f"model-download-{dl.model_id}",
+                         daemon=True).start()
+
+    def cancel_work(self, model_id: str) -> None:
+        """Tell a running download's worker to stop."""
+        with self._cancels_lock:
+            flag = self._cancels.get(model_id)
+        if flag is not None:
+            flag.set()
+
+    def delete_files(self, model_id: str, node_id: str) -> None:
+        """A deletion's worker: the agent deletes the model; the node's report follows."""
+        node = self.orch.state.node(node_id)
+        name = node.name if node else node_id
+        client = self.orch.agent(node_id)
+        error = "" if client is not None else f"delete {model_id} on {name}: the node is no longer registered"
+        try:
+            if client is not None:
+                client.delete_model(model_id)
+                self._refresh(node_id)  # the list shows it gone as the deletion ends
+        except AgentError as exc:
+            error = f"delete {model_id} on {name}: {exc.message}"
+        self.orch.post(ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error))
 
     def _refresh(self, node_id: str) -> None:
         """Post the node's report now (its models changed)."""
@@ -187,16 +166,9 @@ class ModelManager:
             return
         for dl in saved:
             if not dl.finished:
-                self._begin(dl)
+                self.orch.submit(ResumeDownload(dl))
 
     # --- the worker ----------------------------------------------------------------------
-    def _begin(self, dl: ModelDownload) -> None:
-        cancel = threading.Event()
-        self._cancels[dl.model_id] = cancel
-        self.orch.post(ModelDownloadStarted(download=dl))
-        self._save(dl)
-        threading.Thread(target=self._run, args=(dl, cancel), name=f"model-download-{dl.model_id}",
-                         daemon=True).start()
 
     def _save(self, dl: ModelDownload) -> None:
         """Record a download's latest view (downloads.json: the running ones and the last few)."""
@@ -212,6 +184,7 @@ class ModelManager:
             os.replace(tmp, self._path)
 
     def _run(self, dl: ModelDownload, cancel: threading.Event) -> None:
+        self._save(dl)
         entries = {n.node_id: n for n in dl.nodes}
         names = {n.id: n.name for n in self.orch.state.nodes}
 
@@ -270,7 +243,7 @@ class ModelManager:
                        detail=e.detail if phase == "cancelled" else error)
         self.orch.post(ModelDownloadFinished(model_id=dl.model_id, phase=phase, error=error))
         self._save(dl.model_copy(update={"nodes": tuple(entries.values()), "phase": phase, "error": error}))
-        with self._lock:
+        with self._cancels_lock:
             if self._cancels.get(dl.model_id) is cancel:
                 del self._cancels[dl.model_id]
 

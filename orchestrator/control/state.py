@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 from ..agent.schemas import Report
 from ..planner import Plan, Refusal
-from .download_state import ModelDownload
+from .download_state import ModelDeletion, ModelDownload
 
 
 class _Frozen(BaseModel):
@@ -258,6 +258,7 @@ class State(_Frozen):
     history: tuple[Session, ...] = ()  # recently ended (newest last), for the monitor's final word
     preparation: Preparation | None = None
     downloads: tuple[ModelDownload, ...] = ()  # Models tab: hub downloads and their LAN copies
+    deletions: tuple[ModelDeletion, ...] = ()  # Models tab: models being (or just) deleted from a node
     plan: PreviewedPlan | None = None  # the last previewed plan, shown to every viewer
     version: int = 0
 

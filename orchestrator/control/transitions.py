@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from . import events as ev
-from .download_events import (ModelDownloadFinished, ModelDownloadListed, ModelDownloadProgressed,
-                              ModelDownloadStarted, apply_download)
+from .download_events import (ModelDeletionFinished, ModelDeletionStarted, ModelDownloadFinished,
+                              ModelDownloadListed, ModelDownloadProgressed, ModelDownloadStarted, apply_download)
 from .recovery import recovery_steps, stage_moved
 from .stage_copy import copy_started
 from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
@@ -103,8 +103,9 @@ def apply(state: State, event: ev.Event) -> State:
 
 def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per event class)
     match event:
-        case ModelDownloadStarted() | ModelDownloadProgressed() | ModelDownloadListed() | ModelDownloadFinished():
-            return apply_download(state, event)  # the Models tab's downloads: their own module
+        case (ModelDownloadStarted() | ModelDownloadProgressed() | ModelDownloadListed() | ModelDownloadFinished()
+              | ModelDeletionStarted() | ModelDeletionFinished()):
+            return apply_download(state, event)  # the Models tab's downloads and deletions: their own module
         case ev.SettingsChanged(settings=settings):
             return state.model_copy(update={"settings": settings})
         case ev.NodeRegistered(node=node):
@@ -192,13 +193,28 @@ def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per 
             return _replace_session(state, sid, lambda s: s.model_copy(
                 update={"health": health, "phase": phase, "reason": reason}))
         case ev.SessionRemoved(session_id=sid, reason=reason):
-            gone = [s for s in state.sessions if s.id == sid]
-            if not gone:
-                return state
-            ended = gone[0].model_copy(update={"reason": reason or gone[0].reason})
-            return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != sid),
-                                            "history": (state.history + (ended,))[-HISTORY:]})
+            return _ended(state, sid, lambda s: s.model_copy(update={"reason": reason or s.reason}))
+        case ev.LaunchEnded(session_id=sid, cancelled=cancelled):
+            return _ended(state, sid, lambda s: s.model_copy(update={
+                "health": "Stopped", "phase": "failed", "reason": launch_failure(s, cancelled)}))
     return state
+
+
+def _ended(state: State, session_id: str, fn) -> State:
+    """`fn` of the live session moved to the history (unknown sessions change nothing)."""
+    gone = [s for s in state.sessions if s.id == session_id]
+    if not gone:
+        return state
+    return state.model_copy(update={"sessions": tuple(s for s in state.sessions if s.id != session_id),
+                                    "history": (state.history + (fn(gone[0]),))[-HISTORY:]})
+
+
+def launch_failure(s: Session, cancelled: bool) -> str:
+    """Why a launch ended without serving, from its timeline: the step that failed and its detail."""
+    if cancelled:
+        return "launch cancelled"
+    failed = next((st for st in s.timeline if st.state == "failed"), None)
+    return f"launch failed at “{failed.label}”: {failed.detail}" if failed else "launch failed"
 
 
 def serving_node_ids(state: State) -> set[str]:

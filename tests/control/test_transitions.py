@@ -19,6 +19,7 @@ SESSION_EVENTS = [
     ev.SessionRecovered(session_id="{sid}", seconds=1.0),
     ev.HealthChanged(session_id="{sid}", health="Unhealthy", phase="stopping", reason="x"),
     ev.SessionRemoved(session_id="{sid}"),
+    ev.LaunchEnded(session_id="{sid}"),
 ]
 
 
@@ -43,3 +44,25 @@ def test_the_same_event_about_a_known_session_changes_it(event):
     state = _known()
     after = apply(state, _about(event, "s1"))
     assert after is not state and after.version == 8
+
+
+def _launching(failed_step: bool) -> State:
+    from orchestrator.control.state import Step
+
+    steps = (Step(key="stage-0.listening", label="Stage 0 transport listening on port 39602", state="done"),
+             Step(key="stage-1.listening", label="Stage 1 transport listening on port 39603",
+                  state="failed" if failed_step else "running", detail="port 39603 in use"))
+    return _known().model_copy(update={"sessions": (_known().sessions[0].model_copy(
+        update={"phase": "launching", "timeline": steps}),)})
+
+
+@pytest.mark.parametrize("failed_step, cancelled, reason", [
+    (True, False, "launch failed at “Stage 1 transport listening on port 39603”: port 39603 in use"),
+    (False, False, "launch failed"),
+    (True, True, "launch cancelled"),
+])
+def test_a_launch_that_ended_says_why_from_its_own_timeline(failed_step, cancelled, reason):
+    new = apply(_launching(failed_step), ev.LaunchEnded(session_id="s1", cancelled=cancelled))
+    assert new.sessions == ()
+    ended = new.history[-1]
+    assert (ended.phase, ended.health, ended.reason) == ("failed", "Stopped", reason)
