@@ -3,7 +3,9 @@
 Every model is one directory directly inside the models directory, named by its model id.
 Hashing a multi-GB model takes seconds, so a manifest is cached (in the state directory)
 per file under its (size, mtime, ctime, inode): any write to a file — even one that puts
-the old mtime back, which still moves ctime — makes that file be hashed again.
+the old mtime back, which still moves ctime — makes that file be hashed again. A file of
+several blocks gets its per-block sha256 in the same pass (`blocks.hash_file`, on two
+threads), so peers can copy it verifying blocks on every core.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from ..logs import EventLogger
 from ..engine.support import unsupported_reason
 from ..models.describe import ModelDescriptionError, describe_model, pattern_layer_count
+from .blocks import hash_file
 from .names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
 from .schemas import CheckResult, FileEntry, Manifest, ModelInfo
 from .state import write_private
@@ -55,6 +58,15 @@ def sha256_file(path: Path, limit: int | None = None) -> str:
 
 def _signature(st: os.stat_result) -> list[int]:
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _entry(cached: list) -> FileEntry:
+    """A manifest entry from a cache entry [size, mtime, ctime, inode, sha256, blocks?]."""
+    blocks = cached[5] if len(cached) > 5 and isinstance(cached[5], dict) else None
+    try:
+        return FileEntry(size=cached[0], sha256=cached[4], blocks=blocks)
+    except ValueError:  # a damaged cache entry's blocks: the file is still what its sha256 says
+        return FileEntry(size=cached[0], sha256=cached[4])
 
 
 class Inventory:
@@ -153,20 +165,28 @@ class Inventory:
                 sig = _signature(st)
                 entry = cached.get(rel)
                 if rehash or entry is None or entry[:4] != sig:
-                    entry = [*sig, sha256_file(base / rel)]
+                    digest, blocks = hash_file(base / rel)  # the blocks from the same bytes (see `blocks`)
+                    entry = [*sig, digest] + ([blocks] if blocks is not None else [])
                     hashed += 1
                 fresh[rel] = entry
             if hashed or fresh.keys() != cached.keys():
                 self._store(model_id, fresh)
             if hashed:
                 self._log.info("model.hashed", model=model_id, files=hashed)
-            return Manifest(files={rel: FileEntry(size=e[0], sha256=e[4]) for rel, e in fresh.items()})
+            return Manifest(files={rel: _entry(e) for rel, e in fresh.items()})
 
     def record(self, model_id: str, manifest: Manifest) -> None:
-        """Seed the cache after a verified download, so the new model is not hashed again."""
+        """Seed the cache after a verified download, so the new model is not hashed again.
+
+        The manifest's blocks are kept: a download verified every block, or the whole file and
+        then computed them in the same pass (see `blocks`).
+        """
         files, _ = self.scan(model_id)
-        entries = {rel: [*_signature(st), manifest.files[rel].sha256]
-                   for rel, st in files.items() if rel in manifest.files and st.st_size == manifest.files[rel].size}
+        entries = {}
+        for rel, st in files.items():
+            e = manifest.files.get(rel)
+            if e is not None and st.st_size == e.size:
+                entries[rel] = [*_signature(st), e.sha256] + ([e.blocks.model_dump()] if e.blocks else [])
         self._store(model_id, entries)
 
     def forget(self, model_id: str) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SPLIT_MIN = 32 << 20  # a file is shared between peers only in ranges of at least this
+PENDING, QUEUED, GOOD, REFETCH = range(4)  # a block: not all landed, waiting for a hasher, verified, fetched again
 
 
 @dataclass
@@ -28,6 +29,30 @@ class Part:
     counted: int = 0  # bytes of it counted as in progress in the job
     generation: int = 0  # bumped when the file is thrown away and fetched again
     attempts: int = 0
+    hashing: bool = False  # a hasher follows it (a file checked whole)
+    # A file checked block by block (its manifest entry has blocks, see `blocks`):
+    bsize: int = 0
+    blocks: list[str] | None = None  # the expected sha256 of each block
+    state: list[int] = field(default_factory=list)  # per block: PENDING, QUEUED, GOOD or REFETCH
+    block_tries: list[int] = field(default_factory=list)  # mismatches seen per block
+    block_peer: list[str] = field(default_factory=list)  # who sent each block's bytes last
+    left: int = 0  # blocks not verified yet
+
+    def set_blocks(self, bsize: int, digests: list[str]) -> None:
+        self.bsize, self.blocks = bsize, list(digests)
+        self.reset_blocks()
+
+    def reset_blocks(self) -> None:
+        n = len(self.blocks or ())
+        self.state, self.block_tries, self.block_peer, self.left = [PENDING] * n, [0] * n, [""] * n, n
+
+    def span(self, k: int) -> tuple[int, int]:
+        return k * self.bsize, min((k + 1) * self.bsize, self.size)
+
+    def landed(self, k: int) -> bool:
+        """Whether every byte of block k is written (each range over it wrote its share)."""
+        bs, be = self.span(k)
+        return all(s + w >= min(e, be) for s, e, w in self.ranges if s < be and e > bs)
 
     @property
     def part(self) -> Path:

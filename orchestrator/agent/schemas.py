@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from ..models.describe import ModelDescription
 from .names import check_id, check_model_id, check_relpath
@@ -19,6 +19,7 @@ from .perf_schemas import ComputeProfile, LinkSample, NetInterface
 API_VERSION = 1
 MAX_MANIFEST_FILES = 10_000
 SHA256 = r"^[0-9a-f]{64}$"
+MAX_BLOCKS = 4096  # per file (this agent writes at most blocks.MAX_BLOCKS)
 
 
 class _Request(BaseModel):
@@ -50,11 +51,46 @@ class PairResponse(BaseModel):
 
 # --- models -----------------------------------------------------------------------------
 
+class Blocks(BaseModel):
+    """The sha256 of each `size`-byte block of a file, in order (see `blocks`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=1 << 20, le=1 << 40)
+    sha256: list[Annotated[str, Field(pattern=SHA256)]] = Field(min_length=2, max_length=MAX_BLOCKS)
+
+
 class FileEntry(BaseModel):
+    """A file's size and sha256, and, for files of several blocks, the blocks' sha256 (`blocks`).
+
+    Equal entries are the same content: size and sha256 decide, blocks are an index of it.
+    An entry without blocks is written without the key (as older agents expect it).
+    """
+
     model_config = ConfigDict(extra="forbid")
 
     size: int = Field(ge=0)
     sha256: str = Field(pattern=SHA256)
+    blocks: Blocks | None = None
+
+    @model_validator(mode="after")
+    def _blocks_cover_the_file(self) -> "FileEntry":
+        if self.blocks is not None and len(self.blocks.sha256) != -(-self.size // self.blocks.size):
+            raise ValueError(f"{len(self.blocks.sha256)} blocks of {self.blocks.size} bytes do not cover "
+                             f"{self.size} bytes")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_blocks(self, handler: Any) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("blocks", 0) is None:
+            del data["blocks"]
+        return data
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileEntry):
+            return NotImplemented
+        return self.size == other.size and self.sha256 == other.sha256
 
 
 class Manifest(BaseModel):

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..logs import EventLogger
 from .commands import child_env, pipeserve_command
 from .hub import endpoint, hub_error, list_repo
-from .inventory import sha256_file
+from .blocks import hash_file
 from .schemas import DemoSource, FileEntry, HubSource, Manifest
 from .jobs import Cancelled, DownloadError, Job
 
@@ -47,13 +47,15 @@ def _git_blob_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _verified(path: Path, sha: str | None, blob_id: str | None) -> tuple[bool, str]:
-    """(matches what the hub announced, sha256) of a downloaded file: LFS files by sha256,
-    small files by their git blob id, so every byte is checked before the model appears."""
-    digest = sha256_file(path)
+def _verified(path: Path, sha: str | None, blob_id: str | None) -> tuple[bool, FileEntry]:
+    """(matches what the hub announced, its manifest entry) of a downloaded file: LFS files by
+    sha256, small files by their git blob id, so every byte is checked before the model appears.
+    The entry's blocks come from the same pass as its sha256 (`blocks.hash_file`)."""
+    digest, blocks = hash_file(path)
+    entry = FileEntry(size=path.stat().st_size, sha256=digest, blocks=blocks)
     if sha is not None:
-        return digest == sha, digest
-    return (blob_id is None or _git_blob_sha1(path) == blob_id), digest
+        return digest == sha, entry
+    return (blob_id is None or _git_blob_sha1(path) == blob_id), entry
 
 
 def _hub_file(job: Job, repo_id: str, commit: str, rel: str, size: int, path: Path, progress: type) -> None:
@@ -136,16 +138,16 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
                 job.current_file = rel
             path = files_dir / rel
             if path.exists():  # completed before an interruption (renamed from .part only when whole)
-                ok, digest = _verified(path, sha, blob_id)
-                if ok and path.stat().st_size == size:
-                    got[rel] = FileEntry(size=size, sha256=digest)
+                ok, entry = _verified(path, sha, blob_id)
+                if ok and entry.size == size:
+                    got[rel] = entry
                     job.file_done(size, "resumed")
                     job.offer(rel, got[rel])
                     continue
                 path.unlink()
             for attempt in range(2):
                 _hub_file(job, source.repo_id, revision, rel, size, path, Progress)
-                ok, digest = _verified(path, sha, blob_id)
+                ok, entry = _verified(path, sha, blob_id)
                 if ok:
                     break
                 path.unlink()
@@ -153,7 +155,7 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
             else:
                 raise DownloadError(f"mismatch: {rel} from the hub differs from its announced hash (fetched twice)",
                                     "mismatch", [rel])
-            got[rel] = FileEntry(size=path.stat().st_size, sha256=digest)
+            got[rel] = entry
             job.file_done(got[rel].size)
             job.offer(rel, got[rel])  # verified: peers following this download may copy it now
     except (Cancelled, DownloadError):
@@ -194,8 +196,11 @@ def import_demo(job: Job, source: DemoSource, files_dir: Path, log: EventLogger)
         raise DownloadError(f"import-demo-model exited with {proc.returncode}: " + " | ".join(tail), "import_failed")
     files_dir.rmdir()
     os.rename(out, files_dir)
-    got = {p.relative_to(files_dir).as_posix(): FileEntry(size=p.stat().st_size, sha256=sha256_file(p))
-           for p in sorted(files_dir.rglob("*")) if p.is_file()}
+    got = {}
+    for p in sorted(files_dir.rglob("*")):
+        if p.is_file():
+            digest, blocks = hash_file(p)  # the blocks from the same pass (see `blocks`)
+            got[p.relative_to(files_dir).as_posix()] = FileEntry(size=p.stat().st_size, sha256=digest, blocks=blocks)
     with job.lock:
         job.total_bytes, job.files_total = sum(e.size for e in got.values()), len(got)
         job.completed_bytes, job.files_done = job.total_bytes, len(got)

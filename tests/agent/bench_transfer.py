@@ -12,6 +12,12 @@ Default model: the SmolLM2 demo import in the pipeserve cache (~540 MB; made wit
 source files were just read), so the comparison is of the copy paths, not of the disk.
 The agent copy includes what a real transfer does: HTTP streaming, sha256 of every byte on
 the receiver, fsync, and the atomic move into place.
+
+Where the time goes (this checkout's receiver only: its `copy.timing` log line per copy):
+`last byte` and `verified` are when the last byte landed and the last block/file matched,
+from the copy's start; `hash` is the hashers' busy time summed over threads; `fsync` and
+`rename` the installs'; `rest` is the job around the copy (request, ticket, the model
+directory's move into place and manifest record, the client's progress polls).
 """
 
 from __future__ import annotations
@@ -86,7 +92,19 @@ def start_side(root: Path, model: Path, code: Path | None, tag: str) -> dict:
     return {"tag": tag, "root": root / tag, "agents": agents, "manifest": manifest, "multi": code is None}
 
 
-def copy_once(side: dict, size: int) -> dict[str, float]:
+TIMING = re.compile(r"copy\.timing .*")
+
+
+def last_timing(log: Path) -> dict[str, float]:
+    """The fields of the receiver's latest `copy.timing` line (empty for a checkout without it)."""
+    lines = TIMING.findall(log.read_text(errors="replace"))
+    if not lines:
+        return {}
+    fields = dict(kv.split("=", 1) for kv in lines[-1].split()[1:] if "=" in kv)
+    return {k: float(v) for k, v in fields.items() if re.fullmatch(r"[0-9.]+", v)}
+
+
+def copy_once(side: dict, size: int, breakdown: dict[str, list[dict[str, float]]]) -> dict[str, float]:
     """One verified copy to b from a, then (this checkout only) from a and c at once."""
     a, b, c = (side["agents"][n][1] for n in ("a", "b", "c"))
     out = {}
@@ -98,8 +116,12 @@ def copy_once(side: dict, size: int) -> dict[str, float]:
         else:
             b.fetch_from_peer("m", a, side["manifest"])
         done = b.wait_download("m", timeout=600, poll_s=0.02)
-        out[f"{side['tag']} {len(sources)} peer{'s' if len(sources) > 1 else ''}"] = time.perf_counter() - t0
+        key = f"{side['tag']} {len(sources)} peer{'s' if len(sources) > 1 else ''}"
+        out[key] = time.perf_counter() - t0
         assert done.state == "done" and done.transferred_bytes >= size, done
+        timing = last_timing(side["root"] / "b.log")
+        if timing:
+            breakdown.setdefault(key, []).append({**timing, "wall": out[key]})
     return out
 
 
@@ -126,14 +148,17 @@ def main() -> None:
             shutil.rmtree(root / f"plain{i}")
             results["copyfile+fsync"].append(plain_copy(model, root / f"sync{i}", fsync=True))
             shutil.rmtree(root / f"sync{i}")
+        load = [os.getloadavg()[0]]
+        breakdown: dict[str, list[dict[str, float]]] = {}
         sides = [start_side(root, model, code, tag) for code, tag in
                  (((args.before, "before"),) if args.before else ()) + ((None, "now"),)]
         try:
             # One copy of each side at a time, alternating, so both see the same machine load.
             for _ in range(args.runs):
                 for side in sides:
-                    for key, t in copy_once(side, size).items():
+                    for key, t in copy_once(side, size, breakdown).items():
                         results.setdefault(key, []).append(t)
+                load.append(os.getloadavg()[0])
         finally:
             for side in sides:
                 for proc, _ in side["agents"].values():
@@ -144,6 +169,15 @@ def main() -> None:
                 continue
             med = statistics.median(times)
             print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
+        print(f"load average (1 min) during the agent copies: {min(load):.2f}-{max(load):.2f} on {os.cpu_count()} cores")
+        if breakdown:
+            print("where the time goes (medians, s): last byte | verified | hash (all threads) | fsync | rename | rest")
+        for name, rows in breakdown.items():
+            med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
+            print(f"{name:>16}: {med.get('last_byte_s', 0):.2f} | {med.get('last_verified_s', 0):.2f} | "
+                  f"{med.get('hash_s', 0):.2f} | {med.get('fsync_s', 0):.2f} | {med.get('rename_s', 0):.3f} | "
+                  f"{statistics.median(r['wall'] - r.get('seconds', 0) for r in rows):.2f}"
+                  f"   (copy {med.get('seconds', 0):.2f} of {med['wall']:.2f}; blocks {med.get('blocks', 0):.0f})")
 
 
 if __name__ == "__main__":

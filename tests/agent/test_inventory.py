@@ -28,13 +28,13 @@ def models(tmp_path, test_model_dir) -> Inventory:
 def hashes(monkeypatch) -> list[Path]:
     """Records every file the inventory hashes."""
     seen: list[Path] = []
-    real = inv.sha256_file
+    real = inv.hash_file
 
-    def spy(path: Path, limit: int | None = None) -> str:
+    def spy(path: Path) -> tuple[str, dict | None]:
         seen.append(Path(path))
-        return real(path, limit)
+        return real(path)
 
-    monkeypatch.setattr(inv, "sha256_file", spy)
+    monkeypatch.setattr(inv, "hash_file", spy)
     return seen
 
 
