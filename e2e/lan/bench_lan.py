@@ -152,8 +152,10 @@ def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
     t = timing(model)
     print(f"{name}: load {load:.1f}; layers timed: {t.layer_ms_b1_solo:.2f} ms/layer alone, {t.layer_ms_b1:.2f} "
           f"with 1 thread, {t.layer_ms_bB:.2f} for {t.batch} rows, head {t.head_ms_b1_solo:.1f} ms, prefill "
-          f"{t.prefill_ms_per_token:.3f} ms/token/layer + {t.prefill_ms_per_token_per_k:.3f} per 1k cached",
-          flush=True)
+          f"{t.prefill_ms_per_token:.3f} ms/token/layer + {t.prefill_ms_per_token_per_k:.3f} per 1k cached; "
+          f"per-step paths (1 / {t.batch} rows): stage {t.step_ms_b1:.2f} / {t.step_ms_bB:.2f} ms, last stage "
+          f"{t.last_step_ms_b1:.2f} / {t.last_step_ms_bB:.2f}, coordinator {t.coordinator_ms_b1:.2f} / "
+          f"{t.coordinator_ms_bB:.2f}", flush=True)
     with Lan(PROFILES[name], 2) as lan:
         a, b = lan.nodes
         link = measure_link(a, b)

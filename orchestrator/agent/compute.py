@@ -2,8 +2,9 @@
 
 `python -m orchestrator.engine.profile` runs in a child process with the environment the
 agent gives its stages (BLAS threads), one model at a time; its answer is kept in
-`<state>/profiles/<model>.json` together with the model's config.json size and mtime, so a
-replaced model is timed again. The report lists every cached profile.
+`<state>/profiles/<model>.json` together with the model's config.json size and mtime and the
+profile's version, so a replaced model (or a profile from an older engine) is timed again.
+The report lists every cached profile.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from .inventory import Inventory
 from .perf_schemas import ComputeProfile, ProfileStatus
 
 TIMEOUT_S = 600.0
+# Part of every cached profile's stamp: a profile taken by an older engine/profile.py (before
+# it timed the per-step path, engine/profile_step.py) is stale and is timed again.
+PROFILE_VERSION = 2
 
 
 class ComputeProfiler:
@@ -37,7 +41,7 @@ class ComputeProfiler:
 
     def _stamp(self, model_id: str) -> list[float]:
         st = (self._inventory.model_dir(model_id) / "config.json").stat()
-        return [st.st_size, st.st_mtime]
+        return [st.st_size, st.st_mtime, PROFILE_VERSION]
 
     def cached(self, model_id: str) -> ComputeProfile | None:
         """The cached profile, when the model has not changed since it was timed."""

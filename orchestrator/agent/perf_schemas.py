@@ -74,6 +74,13 @@ class ComputeProfile(BaseModel):
     head_ms_bB: float = 0.0
     prefill_ms_per_token: float
     prefill_ms_per_token_per_k: float = 0.0
+    # per-step cost beyond the layers (engine/profile_step.py); 0 in profiles from before it
+    step_ms_b1: float = 0.0
+    step_ms_bB: float = 0.0
+    last_step_ms_b1: float = 0.0
+    last_step_ms_bB: float = 0.0
+    coordinator_ms_b1: float = 0.0
+    coordinator_ms_bB: float = 0.0
     threads: tuple[int, int] = (0, 0)  # (base, solo) BLAS threads it ran with; 0 = the library's default
     at: float = 0.0
 

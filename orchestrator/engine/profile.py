@@ -8,6 +8,8 @@ embedding), and the last layer with the final norm and head — and times, as a 
 - a prefill chunk at context 0 and one behind FAR_CONTEXT cached tokens, which give the
   per-token cost and its growth with the context already cached (attention);
 The last stage's time minus one layer is the head's (norm, head, log-softmax, sampling).
+Then what a step costs beyond the layers, through the stage's and the coordinator's own code
+(engine/profile_step.py): frames, queues, conversions, sampling's encode, streaming.
 Prints nothing but errors; writes one JSON object (agent/perf_schemas.ComputeProfile).
 """
 
@@ -118,6 +120,7 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     base = int(os.environ.get("PIPESERVE_STAGE_THREADS", 0) or 0)
     solo = int(os.environ.get("PIPESERVE_SOLO_THREADS", 0) or 0)
     which = blas.preload(base or None, solo or None)  # before mlx is imported
+    from .profile_step import step_overheads
     from .shard import ModelInfo, StageModel
 
     def set_threads(is_solo: bool) -> None:
@@ -141,7 +144,9 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
         per_layer, tail_ms = tail_ms, {k: 0.0 for k in tail_ms}
         prefill = time_prefill(tail, chunk, set_threads)
     head = {k: max(0.0, tail_ms[k] - per_layer[k]) for k in tail_ms}
-    return {"batch": batch, "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
+    set_threads(False)  # the stage's own path runs between steps of any kind; Python, mostly
+    paths = step_overheads(ModelInfo.read(model_dir), tail.dtype, batch)
+    return {**paths, "batch": batch, "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
             "layer_ms_bB": per_layer["bB"], "head_ms_b1_solo": head["b1_solo"], "head_ms_b1": head["b1"],
             "head_ms_bB": head["bB"], "prefill_ms_per_token": prefill[0], "prefill_ms_per_token_per_k": prefill[1],
             "threads": [base, solo], "at": time.time()}

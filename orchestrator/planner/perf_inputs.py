@@ -30,6 +30,18 @@ class LayerTiming(BaseModel):
     # Attention makes later prompt tokens dearer: extra ms per layer per token per 1000
     # tokens already in the cache.
     prefill_ms_per_token_per_k: float = Field(default=0.0, ge=0)
+    # What a decode step costs beyond the layer math, timed through the real code on the node
+    # (engine/profile_step.py): a stage passing hidden states on (frames in and out, the inbox
+    # handoff, conversions, bookkeeping), the last stage (sampling's encode, RESULT frames),
+    # and the coordinator (results in, token events to the streaming threads, frames out).
+    # 0 in profiles taken before they were measured: the prediction then falls back to
+    # predict.COORDINATOR_MS for the coordinator and adds nothing per stage.
+    step_ms_b1: float = Field(default=0.0, ge=0)
+    step_ms_bB: float = Field(default=0.0, ge=0)
+    last_step_ms_b1: float = Field(default=0.0, ge=0)
+    last_step_ms_bB: float = Field(default=0.0, ge=0)
+    coordinator_ms_b1: float = Field(default=0.0, ge=0)
+    coordinator_ms_bB: float = Field(default=0.0, ge=0)
 
     def layer_ms(self, rows: int, solo: bool = False) -> float:
         """One layer's decode step for `rows` requests together (linear between 1 and B)."""
@@ -43,6 +55,16 @@ class LayerTiming(BaseModel):
             return self.head_ms_b1_solo if solo else self.head_ms_b1
         return self.head_ms_b1 + (self.head_ms_bB - self.head_ms_b1) * (rows - 1) / (self.batch - 1)
 
+    def step_overhead_ms(self, rows: int, last: bool) -> float:
+        """A stage's own per-step path for `rows` requests, its layers excepted."""
+        if last:
+            return _between(self.last_step_ms_b1, self.last_step_ms_bB, rows, self.batch)
+        return _between(self.step_ms_b1, self.step_ms_bB, rows, self.batch)
+
+    def coordinator_ms(self, rows: int) -> float:
+        """The coordinator's work per decode step of `rows` requests (0: not measured)."""
+        return _between(self.coordinator_ms_b1, self.coordinator_ms_bB, rows, self.batch)
+
     def prefill_ms(self, start: int, tokens: int) -> float:
         """One layer's prefill of prompt tokens [start, start + tokens) (already cached: start)."""
         # Every token of a chunk is scored against all start + tokens keys: masked attention
@@ -50,6 +72,11 @@ class LayerTiming(BaseModel):
         # per token what a 2k one does at context 0, not three quarters).
         keys = start + tokens
         return tokens * (self.prefill_ms_per_token + self.prefill_ms_per_token_per_k * keys / 1000)
+
+
+def _between(at_1: float, at_b: float, rows: int, batch: int) -> float:
+    """Linear in rows through (1, at_1) and (batch, at_b); per-row costs go on past B."""
+    return max(0.0, at_1 + (at_b - at_1) * (max(1, rows) - 1) / (batch - 1))
 
 
 class LinkCost(BaseModel):

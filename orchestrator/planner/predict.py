@@ -16,6 +16,9 @@ The model follows what the coordinator's scheduler does (engine/pipeline.py):
   the other (k stages; a step's time on all cores against its base threads: what spreading a
   step over more cores gains). Decode steps of many requests use the base threads (one each
   when agents share a host): those overlap as before.
+Every step also costs what the stages and the coordinator do beyond the layer math (frames,
+queues, conversions, sampling's encode, streaming): measured on the node through the real
+code (engine/profile_step.py), per rows, and added to each stage's step and to each round.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from .perf_inputs import LOCAL_LINK, LayerTiming, LinkCost
 
 HEADER_BYTES = 36  # a frame's header (engine/wire.py)
 RESULT_BYTES = 64  # a sampled token's RESULT frame, generously
-COORDINATOR_MS = 0.3  # coordinator, scheduler and HTTP per step (README: ~0.1 ms measured, plus slack)
+# The coordinator's work per step when the profile did not measure it (profiles from before
+# engine/profile_step.py): README measured ~0.1 ms, plus slack.
+COORDINATOR_MS = 0.3
 DEFAULT_REQUESTS = (4, 8, 16)
 DEFAULT_PROMPTS = (1024, 8192)
 
@@ -96,9 +101,17 @@ class Performance(BaseModel):
 
 
 def stage_step_ms(stage: StageSpec, rows: int, solo: bool = False) -> float:
-    """One decode step of `rows` requests on a stage."""
-    t = stage.layer_weight * stage.timing.layer_ms(rows, solo)
+    """One decode step of `rows` requests on a stage: its layers, the head on the last one,
+    and the stage's own path around them (frames in and out, conversions, sampling's encode)."""
+    t = stage.layer_weight * stage.timing.layer_ms(rows, solo) + stage.timing.step_overhead_ms(rows, stage.last)
     return t + (stage.timing.head_ms(rows, solo) if stage.last else 0.0)
+
+
+def coordinator_ms(stages: Sequence[StageSpec], rows: int) -> float:
+    """The coordinator's work per step of `rows` requests, as timed on its node (stage 0's);
+    COORDINATOR_MS for a profile that did not measure it."""
+    measured = stages[0].timing.coordinator_ms(rows) if stages else 0.0
+    return measured if measured > 0 else COORDINATOR_MS
 
 
 def decode_ms_1(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int) -> tuple[float, float]:
@@ -106,7 +119,7 @@ def decode_ms_1(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_b
     last one joins the last stage to the coordinator (on stage 0's node)."""
     compute = sum(stage_step_ms(s, 1, solo=True) for s in stages)
     hops = sum(links[k].transfer_ms(hidden_bytes + HEADER_BYTES) for k in range(len(stages) - 1))
-    return compute + hops + links[-1].transfer_ms(RESULT_BYTES) + COORDINATOR_MS, compute
+    return compute + hops + links[-1].transfer_ms(RESULT_BYTES) + coordinator_ms(stages, 1), compute
 
 
 def group_times(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,
@@ -116,7 +129,7 @@ def group_times(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_b
     steps = [stage_step_ms(s, rows) for s in stages]
     sizes = [rows * (hidden_bytes + HEADER_BYTES)] * (len(stages) - 1) + [rows * RESULT_BYTES]
     busy = [n * 1000 / link.bandwidth_Bps for n, link in zip(sizes, links)]
-    round_ms = sum(steps) + sum(link.transfer_ms(n) for n, link in zip(sizes, links)) + COORDINATOR_MS
+    round_ms = sum(steps) + sum(link.transfer_ms(n) for n, link in zip(sizes, links)) + coordinator_ms(stages, rows)
     return steps, busy, round_ms
 
 
@@ -139,7 +152,9 @@ def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes:
            prefill_step: int = 2048) -> float:
     """Seconds from submission to the first token of a `prompt`-token prompt (one request)."""
     chunks = [(s, min(prefill_step, prompt - 1 - s)) for s in range(0, max(0, prompt - 1), prefill_step)]
-    work = [[stage.layer_weight * stage.timing.prefill_ms(start, n) for start, n in chunks] for stage in stages]
+    # Each chunk also takes the stage's own path once (one frame in, one out).
+    work = [[stage.layer_weight * stage.timing.prefill_ms(start, n) + stage.timing.step_overhead_ms(1, False)
+             for start, n in chunks] for stage in stages]
     # The last prompt token samples: a decode step behind the chunks, at the prompt's length.
     last = [max(0.0, stage_step_ms(stage, 1, solo=True) + stage.layer_weight * (
         stage.timing.prefill_ms(prompt - 1, 1) - stage.timing.prefill_ms(0, 1))) for stage in stages]
@@ -158,7 +173,7 @@ def ttft_s(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes:
     # A shared machine gets through its stages' work no faster than its cores allow.
     busiest = max((sum(sum(work[k]) + last[k] for k in ks) / _shared_speedup([stages[k] for k in ks])
                    for ks in shared_machines(stages)), default=0.0)
-    return (max(arrive, busiest) + COORDINATOR_MS) / 1000
+    return (max(arrive, busiest) + coordinator_ms(stages, 1)) / 1000
 
 
 def shared_machines(stages: Sequence[StageSpec]) -> list[list[int]]:

@@ -171,3 +171,58 @@ def test_order_follows_the_fastest_links():
     four = [timed(0, T, n1=WIFI, n2=GBE, n3=GBE), timed(1, T, n2=GBE, n3=GBE), timed(2, T, n3=WIFI), timed(3, T)]
     plan = plan_cluster(uniform(8), four)
     assert [s.node_id for s in plan.stages] == ["n0", "n2", "n1", "n3"]  # avoids both wifi pairs
+
+
+# Measured per-step paths (engine/profile_step.py): 0.5 ms a step for a stage passing hidden
+# states on, 1 ms for the last stage, 2 ms for the coordinator at 1 row; 4, 8 and 9 ms at 8.
+PATHS = T.model_copy(update={"step_ms_b1": 0.5, "step_ms_bB": 4.0, "last_step_ms_b1": 1.0, "last_step_ms_bB": 8.0,
+                             "coordinator_ms_b1": 2.0, "coordinator_ms_bB": 9.0})
+
+
+def test_old_profiles_without_paths_load_and_predict_as_before():
+    old = LayerTiming.model_validate({"layer_ms_b1_solo": 1.0, "layer_ms_b1": 1.0, "layer_ms_bB": 2.0,
+                                      "prefill_ms_per_token": 0.1})
+    assert (old.step_overhead_ms(1, False), old.step_overhead_ms(8, True), old.coordinator_ms(4)) == (0, 0, 0)
+    ms, _ = decode_ms_1([stage(10, timing=old), stage(20, last=True, timing=old)], [FREE, FREE], HIDDEN)
+    assert ms == pytest.approx(30 + COORDINATOR_MS)  # the fallback constant, nothing per stage
+
+
+def test_paths_are_linear_in_rows_between_1_and_b():
+    assert PATHS.step_overhead_ms(1, last=False) == 0.5
+    assert PATHS.step_overhead_ms(8, last=True) == 8.0
+    assert PATHS.step_overhead_ms(2, last=True) == pytest.approx(2.0)  # 1 + 7 x 1/7
+    assert PATHS.coordinator_ms(4) == pytest.approx(5.0)  # 2 + 7 x 3/7
+    assert PATHS.coordinator_ms(15) == pytest.approx(16.0)  # per-row costs go on past B
+
+
+def test_one_request_pays_every_stages_path_and_the_measured_coordinator():
+    stages = [stage(10, timing=PATHS), stage(20, last=True, timing=PATHS)]
+    ms, compute = decode_ms_1(stages, [FREE, FREE], HIDDEN)
+    # 30 ms of layers, 0.5 (stage 0 passes hidden states on) + 1 (the last stage's results)
+    # of path, and the coordinator's 2 ms measured on stage 0's node instead of COORDINATOR_MS
+    assert compute == pytest.approx(31.5)
+    assert ms == pytest.approx(33.5)
+    assert predict(stages, [FREE, FREE], HIDDEN).decode_tps_1 == pytest.approx(1000 / 33.5)
+
+
+def test_groups_pay_the_paths_at_their_rows():
+    stages = [stage(10, timing=PATHS), stage(10, last=True, timing=PATHS)]
+    # 16 requests: 2 groups of 8; steps 20 + 4 and 20 + 8 ms, the round adds the coordinator's 9
+    # ms: 61 ms; the last stage serves both groups in 56: the round bounds the cycle
+    assert aggregate_tps(stages, [FREE, FREE], HIDDEN, 16) == pytest.approx(16 * 1000 / 61)
+    # 4 requests: groups of 2: layers 10 x (1 + 1/7) ms on each stage, paths 1 and 2 ms, the
+    # coordinator 3 ms: a round of 2 x 11.43 + 1 + 2 + 3 = 28.86 ms for 4 tokens
+    layers = 10 * (1 + 1 / 7)
+    assert aggregate_tps(stages, [FREE, FREE], HIDDEN, 4) == pytest.approx(4 * 1000 / (2 * layers + 1 + 2 + 3))
+
+
+def test_every_prefill_chunk_pays_the_stage_path_once():
+    bare = [stage(10), stage(10, last=True)]
+    paths = [stage(10, timing=PATHS), stage(10, last=True, timing=PATHS)]
+    # 4097 tokens: 2 chunks of 2048 then the sampling step; one stage at a time on FREE links
+    extra = ttft_s(paths, [FREE, FREE], HIDDEN, 4097) - ttft_s(bare, [FREE, FREE], HIDDEN, 4097)
+    # the last token: 0.5 on stage 0 and 1 on the last stage, the coordinator's 2 ms instead of
+    # COORDINATOR_MS; the chunks (a flow shop): 0.5 each on the critical path, which crosses two
+    # or three of the four (stage, chunk) items depending on which stage is the slower
+    fixed = 0.5 + 1 + (2 - COORDINATOR_MS)
+    assert fixed + 2 * 0.5 - 1e-9 <= extra * 1000 <= fixed + 3 * 0.5 + 1e-9

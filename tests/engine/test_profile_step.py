@@ -1,0 +1,75 @@
+"""The compute profile's per-step path (engine/profile_step.py): timed through the real stage
+and coordinator code, written into the profile, and read by the planner.
+
+No assert on how long anything takes (the machine is shared and loaded): what is checked is
+that every number is measured, through a path that really served the rows, and that a broken
+path fails loudly instead of timing something else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from orchestrator.agent.perf_schemas import ComputeProfile
+from orchestrator.engine import profile_step
+from orchestrator.engine.shard import ModelInfo
+from orchestrator.planner.perf_inputs import LayerTiming
+
+FIELDS = ("step_ms_b1", "step_ms_bB", "last_step_ms_b1", "last_step_ms_bB", "coordinator_ms_b1", "coordinator_ms_bB")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from orchestrator.models.testmodel import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("m") / "tiny", layers=3, hidden=64, vocab=512)
+
+
+def test_every_path_is_measured_at_1_and_b_rows(tiny):
+    got = profile_step.step_overheads(ModelInfo.read(tiny), mx.float32, batch=4)
+    assert set(got) == set(FIELDS)
+    assert all(math.isfinite(v) and v > 0 for v in got.values()), got
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_the_stage_path_serves_every_row(tiny, last):
+    # the timing only counts a step once the next hop holds `rows` FORWARD (or RESULT) frames
+    assert profile_step.time_stage_path(ModelInfo.read(tiny), mx.float32, rows=3, last=last, steps=3) > 0
+
+
+def test_a_stage_that_fails_its_step_is_an_error_not_a_time(tiny, monkeypatch):
+    def broken(self, h):
+        raise RuntimeError("no head today")
+
+    monkeypatch.setattr(profile_step._StandInModel, "logprobs", broken)
+    with pytest.raises(profile_step.PathError, match="ERROR"):
+        profile_step.time_stage_path(ModelInfo.read(tiny), mx.float32, rows=2, last=True, steps=2)
+
+
+def test_a_stage_that_sends_nothing_is_an_error(tiny, monkeypatch):
+    from orchestrator.engine.stage import Stage
+
+    monkeypatch.setattr(profile_step, "WAIT_S", 0.5)
+    monkeypatch.setattr(Stage, "_send_down", lambda self, frames: None)
+    with pytest.raises(profile_step.PathError, match="nothing arrived"):
+        profile_step.time_stage_path(ModelInfo.read(tiny), mx.float32, rows=1, last=False, steps=2)
+
+
+def test_the_profile_writes_the_paths_and_the_planner_reads_them(tiny, tmp_path):
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, "-m", "orchestrator.engine.profile", "--model", str(tiny), "--out", str(out),
+                    "--batch", "2", "--prefill-chunk", "32"], check=True, timeout=300)
+    data = json.loads(out.read_text())
+    assert all(data[k] > 0 for k in FIELDS), data
+    timing = LayerTiming(**{k: v for k, v in data.items() if k not in ("threads", "at")})
+    assert timing.step_overhead_ms(2, last=True) == pytest.approx(data["last_step_ms_bB"])
+    # the agent's wire model keeps them (control/perf.py builds the LayerTiming from it)
+    wire = ComputeProfile.model_validate({**data, "model_id": "tiny"})
+    assert all(getattr(wire, k) == data[k] for k in FIELDS)
