@@ -6,11 +6,8 @@ on the bridge). Like orchestrator.demo_stack, but every process lives at its own
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +17,7 @@ import pytest
 
 from orchestrator.agent.local import SHARED_HOST_BLAS
 from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID
+from orchestrator.proc.child import ChildError, ChildProcess
 
 from .netns import REPO, Lan, LanHost, joined
 
@@ -34,27 +32,13 @@ class StackError(RuntimeError):
 
 
 @dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def output(self, tail: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-tail:]) if self.log.exists() else ""
-
-    def printed(self, pattern: str) -> str | None:
-        m = re.search(pattern, self.log.read_text(errors="replace")) if self.log.exists() else None
-        return m.group(1) if m else None
-
-
-@dataclass
 class LanStack:
     """Agents on `lan.nodes`, router and dashboard on `lan.control`."""
 
     lan: Lan
     root: Path
     budget: str = DEFAULT_BUDGET
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[ChildProcess] = field(default_factory=list)
     tokens: dict[str, str] = field(default_factory=dict)  # node name -> pairing token
     admin_token: str = ""
 
@@ -72,14 +56,10 @@ class LanStack:
     def models_dir(self, node: LanHost) -> Path:
         return self.root / node.name / "models"
 
-    def _spawn(self, host: LanHost, name: str, *argv: str) -> Proc:
-        log = self.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
+    def _spawn(self, host: LanHost, name: str, *argv: str) -> ChildProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS, "PYTHONPATH": str(REPO)}
-        with open(log, "wb") as out:
-            p = subprocess.Popen(host.argv(sys.executable, "-m", "orchestrator.cli", *argv), cwd=REPO, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = Proc(name, p, log)
+        proc = ChildProcess.spawn(name, host.argv(sys.executable, "-m", "orchestrator.cli", *argv),
+                                  self.root / "logs" / f"{name}.log", env=env, cwd=REPO)
         self.procs.append(proc)
         return proc
 
@@ -108,28 +88,26 @@ class LanStack:
         self.admin_token = self._wait(dash, r"admin token: (\S+)")
         return self
 
-    def _wait(self, proc: Proc, pattern: str) -> str:
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while (found := proc.printed(pattern)) is None:
-            if proc.popen.poll() is not None or time.monotonic() > deadline:
-                raise StackError(f"{proc.name} did not print {pattern!r}:\n{proc.output()}")
-            time.sleep(0.1)
-        return found
+    @staticmethod
+    def _wait(proc: ChildProcess, pattern: str) -> str:
+        try:
+            return proc.wait_ready(lambda: proc.printed(pattern), f"printing {pattern!r}", STARTUP_TIMEOUT, 0.1)
+        except ChildError as exc:
+            raise StackError(str(exc)) from None
 
     def logs(self, tail: int = 30) -> str:
         return "\n".join(f"----- {p.name} -----\n{p.output(tail)}" for p in self.procs)
 
     def stop(self) -> None:
-        """SIGTERM the dashboard, the agents (they stop their stages) and the router; then kill."""
+        """SIGTERM the dashboard, the agents (they stop their stages) and the router together; then
+        wait for each, SIGKILL what is left."""
         for p in reversed(self.procs):
-            if p.popen.poll() is None:
-                p.popen.terminate()
+            p.terminate()
         for p in reversed(self.procs):
             try:
-                p.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.popen.pid, 9)
-                p.popen.wait(5)
+                p.stop(20)
+            except ChildError as exc:
+                print(f"LAN stack: {exc}")
 
 
 @contextmanager
