@@ -63,8 +63,9 @@ def timeline(session: Session) -> tuple[Step, ...]:
 
 
 def cluster_toml(session: Session, transport: str = "tcp") -> str:
-    """The engine's cluster TOML (DESIGN §4) for a session without a plan's TOML (single-node
-    sessions); validated as a ClusterConfig and written by the planner's one TOML writer."""
+    """The engine's cluster TOML (docs/architecture.md, "Contracts"; `engine/config.py`) for a
+    session without a plan's TOML (single-node sessions); validated as a ClusterConfig and
+    written by the planner's one TOML writer."""
     nodes: list[dict[str, object]] = [{"id": "coordinator", "role": "hybrid",
                                        "address": engine_address(session.coordinator_host, session.coordinator_port)}]
     nodes += [{"id": f"stage-{st.index}", "role": "pipeline_stage", "address": engine_address(st.host, st.port),
