@@ -357,10 +357,10 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
             p.ranges[i][2] += n
             p.counted += n
             if p.blocks is not None:
-                c.queue_landed(p, at, at + n, who)
+                c.queue_landed(p, at, at + n, who)  # the hashers wait on their queue: nobody to wake
             else:
                 c.hash_whole(p)
-            c.cond.notify_all()
+                c.cond.notify_all()  # the hasher following this file
 
     _get(c, conn, peer, p, offset, end, generation, landed, whole=whole, restartable=start == 0 and end == p.size)
 
@@ -378,7 +378,6 @@ def _fetch_block(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
                 p.block_peer[k] = f"{peer.host}:{peer.port}"
                 p.state[k] = QUEUED
                 c.to_hash.put((p, k, p.generation))
-            c.cond.notify_all()
 
     try:
         _get(c, conn, peer, p, bs, be, generation, landed)
@@ -479,7 +478,12 @@ def _verify_block(c: Copy, p: Part, k: int, generation: int, buf: memoryview) ->
     bs, be = p.span(k)
     t0 = time.perf_counter()
     digest = hashlib.sha256()
-    fd = os.open(p.part, os.O_RDONLY)
+    try:
+        fd = os.open(p.part, os.O_RDONLY)
+    except FileNotFoundError:
+        if p.generation != generation:
+            return  # thrown away meanwhile (a peer that ignored a resume's range): it lands again
+        raise
     try:
         pos = bs
         while pos < be:

@@ -84,7 +84,9 @@ class Downloads:
         # may continue from another one), or the source when the files are not known yet (without
         # the ticket of a following copy: each fetch brings a fresh one, and a resume is the same copy).
         ident = [label, "follow", source.model_id] if following else [label, source.model_dump()]
-        key = json.dumps(manifest.model_dump() if manifest else ident, sort_keys=True)
+        # Blocks left out: the same files, with or without their block digests, are the same request.
+        key = json.dumps(manifest.model_dump(exclude={"files": {"__all__": {"blocks"}}}) if manifest else ident,
+                         sort_keys=True)
         # Checked before taking the lock: hashing a large model must not block progress queries.
         present = manifest is not None and self._present(model_id, manifest)
         users = [] if present else self._users(model_id)

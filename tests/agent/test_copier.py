@@ -9,6 +9,7 @@ tests/control/test_models.py.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import threading
@@ -27,6 +28,8 @@ from orchestrator.proc import wait_until
 from .test_transfer import sha256sums
 
 MODEL = "tm"
+MIB = 1 << 20
+SHARD = "model-00001-of-00002.safetensors"  # ~10 MB: ten 1 MiB blocks
 
 
 class RangePeer(ThreadingHTTPServer):
@@ -37,6 +40,8 @@ class RangePeer(ThreadingHTTPServer):
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir, self.sent, self.corrupt_once = model_dir, 0, set()
+        self.corrupt_at: dict[str, int] = {}  # file -> offset flipped in every answer that covers it
+        self.requests: list[tuple[str, str]] = []  # (file, Range header or "")
         self.budget: int | None = None  # bytes it may still send; spent: every stream holds
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -73,6 +78,10 @@ class _Handler(BaseHTTPRequestHandler):
             start, end, status = int(m.group(1)), int(m.group(2) or len(data) - 1), 206
         body = bytearray(data[start:end + 1])
         with self.server.lock:
+            self.server.requests.append((rel, self.headers.get("Range", "")))
+            at = self.server.corrupt_at.get(rel)
+            if at is not None and start <= at <= end:
+                body[at - start] ^= 0xFF
             which = rel if rel in self.server.corrupt_once else "*" if "*" in self.server.corrupt_once else None
             if which and body:  # "*": the first file (or range) it serves, whichever that is
                 self.server.corrupt_once.discard(which)
@@ -104,6 +113,19 @@ def manifest_of(model_dir: Path) -> Manifest:
     return Manifest(files={p.relative_to(model_dir).as_posix(): FileEntry(size=p.stat().st_size,
                                                                           sha256=hashlib.sha256(p.read_bytes()).hexdigest())
                            for p in sorted(model_dir.rglob("*")) if p.is_file()})
+
+
+def with_blocks(manifest: Manifest, model_dir: Path, bsize: int = MIB) -> Manifest:
+    """The manifest with per-block digests (hashlib here, not the code under test) for files over one block."""
+    files = {}
+    for rel, e in manifest.files.items():
+        data = (model_dir / rel).read_bytes()
+        blocks = None
+        if e.size > bsize:
+            blocks = {"size": bsize, "sha256": [hashlib.sha256(data[i:i + bsize]).hexdigest()
+                                                for i in range(0, len(data), bsize)]}
+        files[rel] = FileEntry(size=e.size, sha256=e.sha256, blocks=blocks)
+    return Manifest(files=files)
 
 
 def source(peers: list[RangePeer]) -> PeerSource:
@@ -222,3 +244,102 @@ def test_real_agents_copy_from_two_peers_at_once(spawn_agent, transfer_model):
     assert done.state == "done" and done.transferred_bytes == manifest.total_bytes, done
     assert sha256sums(b.models_dir / MODEL) == sha256sums(transfer_model)
     assert not (b.models_dir / ".partial" / MODEL).exists()
+
+
+def test_a_damaged_block_is_detected_and_fetched_again_alone(peers, transfer_model, tmp_path):
+    manifest = with_blocks(manifest_of(transfer_model), transfer_model)
+    size = manifest.files[SHARD].size
+    peers[0].corrupt_at[SHARD] = size // 2  # in the first answer only (below): block 4
+    job = Job(MODEL, "peer", "k", manifest)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    real = peers[0].corrupt_at
+    peers[0].corrupt_at = _Once(real)
+    t = run_copy(job, source(peers[:1]), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(transfer_model)
+    k = (size // 2) // MIB
+    again = [r for rel, r in peers[0].requests if rel == SHARD and r]
+    assert again == [f"bytes={k * MIB}-{(k + 1) * MIB - 1}"]  # that block's range, nothing else
+    assert job.info().transferred_bytes == manifest.total_bytes + MIB
+
+
+class _Once(dict):
+    """corrupt_at entries that flip their byte in one answer, then are gone."""
+
+    def get(self, key, default=None):
+        return self.pop(key, default)
+
+
+def test_a_block_damaged_again_fails_the_copy_naming_file_block_and_peer(peers, transfer_model, tmp_path):
+    manifest = with_blocks(manifest_of(transfer_model), transfer_model)
+    offset = 3 * MIB + 5
+    peers[0].corrupt_at[SHARD] = offset  # in every answer
+    job = Job(MODEL, "peer", "k", manifest)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    t = run_copy(job, source(peers[:1]), files)
+    t.join(60)
+    err = t.errors[0]
+    assert isinstance(err, DownloadError) and err.code == "mismatch" and err.files == [SHARD], err
+    assert "block 3" in str(err) and f"127.0.0.1:{peers[0].server_address[1]}" in str(err), err
+    assert not (files / SHARD).exists()  # never visible
+
+
+def test_a_manifest_without_blocks_is_checked_whole(peers, transfer_model, tmp_path):
+    manifest = manifest_of(transfer_model)
+    assert all(e.blocks is None for e in manifest.files.values())
+    peers[0].corrupt_once.add(SHARD)
+    job = Job(MODEL, "peer", "k", manifest)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    t = run_copy(job, source(peers[:1]), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(transfer_model)
+    # the damaged file was fetched again from scratch, whole: no block to narrow it down
+    assert job.info().transferred_bytes == manifest.total_bytes + manifest.files[SHARD].size
+    assert [r for rel, r in peers[0].requests if rel == SHARD] == ["", ""]
+
+
+def test_a_resumed_block_copy_checks_what_landed_before_and_fetches_only_the_rest(monkeypatch, peers,
+                                                                                 transfer_model, tmp_path):
+    monkeypatch.setattr(parts, "SPLIT_MIN", 1 << 20)
+    manifest = with_blocks(manifest_of(transfer_model), transfer_model)
+    files = tmp_path / "work" / "files"
+    files.mkdir(parents=True)
+    job = Job(MODEL, "peer", "k", manifest)
+    for p in peers:  # a few MiB go through, then every stream holds
+        p.budget = 3_000_000
+    t = run_copy(job, source(peers), files)
+    wait_until(lambda: job.info().transferred_bytes >= 6_000_000, 30, message="6 MB received")
+    job.cancel.set()
+    t.join(30)
+    assert t.errors and isinstance(t.errors[0], Cancelled)
+    # While the copy is paused, one landed byte of a ranged file rots on disk: the resumed
+    # copy must not trust what it wrote before.
+    sidecar, (start, _, written) = next((sc, r) for sc in (tmp_path / "work" / "ranges").rglob("*.json")
+                                        for r in json.loads(sc.read_text())["ranges"] if r[2] > 0)
+    rel = sidecar.relative_to(tmp_path / "work" / "ranges").as_posix()[:-len(".json")]
+    flip = start + written // 2
+    with open(files / f"{rel}.part", "r+b") as f:
+        f.seek(flip)
+        b = f.read(1)
+        f.seek(flip)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+    for p in peers:
+        p.budget = None
+    again = Job(MODEL, "peer", "k", manifest)
+    t = run_copy(again, source(peers), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(transfer_model)
+    info = again.info()
+    assert info.resumed_bytes > 0
+    k = flip // MIB
+    block = min(MIB, manifest.files[rel].size - k * MIB)
+    # the rest of the model, plus the one rotted block fetched again by its range
+    assert info.transferred_bytes == manifest.total_bytes - info.resumed_bytes + block
+    assert any(r == f"bytes={k * MIB}-{k * MIB + block - 1}" for p in peers for f, r in p.requests if f == rel)
