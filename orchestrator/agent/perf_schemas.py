@@ -72,6 +72,8 @@ class ComputeProfile(BaseModel):
     head_ms_b1_solo: float = 0.0
     head_ms_b1: float = 0.0
     head_ms_bB: float = 0.0
+    layer_ms_rows: tuple[tuple[int, float], ...] = ()  # (rows, ms) between 1 and batch
+    head_ms_rows: tuple[tuple[int, float], ...] = ()
     prefill_ms_per_token: float
     prefill_ms_per_token_per_k: float = 0.0
     # per-step cost beyond the layers (engine/profile_step.py); 0 in profiles from before it

@@ -38,6 +38,10 @@ FAR_CONTEXT = 2048
 # Prefill is timed on this many layers (each costs the same): filling FAR_CONTEXT tokens
 # through every layer would take most of the profile's time on a slow CPU.
 PREFILL_LAYERS = 4
+# Decode steps are also timed at these row counts (those between 1 and the batch): the cost
+# of a step is far from linear in its rows (a batched step's fixed costs; 2-4 rows cost most
+# of what 8 do), and groups of 2-4 rows are what 4-8 requests over 2 stages run.
+MID_ROWS = (2, 4)
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
@@ -51,7 +55,8 @@ def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS) -> float:
 
 
 def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None]) -> dict[str, float]:
-    """Decode ms at 1 request (solo, base) and at `batch` requests (base) for one StageModel."""
+    """Decode ms at 1 request (solo, base) and at MID_ROWS and `batch` requests (base) for one
+    StageModel."""
     import mlx.core as mx
 
     def inputs(rows: int, length: int) -> list[mx.array]:
@@ -72,7 +77,8 @@ def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None]) -> d
         mx.eval(outs, [e.state for c in caches for e in c])
 
     out = {}
-    for key, rows, solo in (("b1_solo", 1, True), ("b1", 1, False), ("bB", batch, False)):
+    mid = [(f"b{r}", r, False) for r in MID_ROWS if 1 < r < batch]
+    for key, rows, solo in (("b1_solo", 1, True), ("b1", 1, False), *mid, ("bB", batch, False)):
         set_threads(solo)
         caches, xs = fresh(rows), inputs(rows, 1)
         out[key] = _median_ms(lambda: step(xs, caches))
@@ -146,7 +152,9 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     head = {k: max(0.0, tail_ms[k] - per_layer[k]) for k in tail_ms}
     set_threads(False)  # the stage's own path runs between steps of any kind; Python, mostly
     paths = step_overheads(ModelInfo.read(model_dir), tail.dtype, batch)
-    return {**paths, "batch": batch, "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
+    mid = [r for r in MID_ROWS if f"b{r}" in per_layer]
+    return {**paths, "layer_ms_rows": [(r, per_layer[f"b{r}"]) for r in mid],
+            "head_ms_rows": [(r, head[f"b{r}"]) for r in mid], "batch": batch, "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
             "layer_ms_bB": per_layer["bB"], "head_ms_b1_solo": head["b1_solo"], "head_ms_b1": head["b1"],
             "head_ms_bB": head["bB"], "prefill_ms_per_token": prefill[0], "prefill_ms_per_token_per_k": prefill[1],
             "threads": [base, solo], "at": time.time()}

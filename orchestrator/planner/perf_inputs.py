@@ -26,6 +26,13 @@ class LayerTiming(BaseModel):
     head_ms_b1_solo: float = Field(default=0.0, ge=0)  # final norm + head + sampling
     head_ms_b1: float = Field(default=0.0, ge=0)
     head_ms_bB: float = Field(default=0.0, ge=0)
+    # The same step at row counts between 1 and B, (rows, ms) pairs: cost is not linear in
+    # rows (a batched step has fixed costs a 1-row step does not, and 2-4 rows cost most of
+    # what 8 do: measured 1 -> 2 -> 4 -> 8 rows 63 -> 69 -> 80 -> 87 ms on a 15-layer stage
+    # with the head, where the line from 1 to 8 gave 66 and 73). Empty in older profiles:
+    # the line from 1 to B.
+    layer_ms_rows: tuple[tuple[int, float], ...] = ()
+    head_ms_rows: tuple[tuple[int, float], ...] = ()
     prefill_ms_per_token: float = Field(ge=0)  # per layer, per prompt token, at context 0 (all cores)
     # Attention makes later prompt tokens dearer: extra ms per layer per token per 1000
     # tokens already in the cache.
@@ -44,16 +51,17 @@ class LayerTiming(BaseModel):
     coordinator_ms_bB: float = Field(default=0.0, ge=0)
 
     def layer_ms(self, rows: int, solo: bool = False) -> float:
-        """One layer's decode step for `rows` requests together (linear between 1 and B)."""
+        """One layer's decode step for `rows` requests together (piecewise linear through the
+        measured row counts; past B along the last piece)."""
         if rows <= 1:
             return self.layer_ms_b1_solo if solo else self.layer_ms_b1
-        return self.layer_ms_b1 + (self.layer_ms_bB - self.layer_ms_b1) * (rows - 1) / (self.batch - 1)
+        return _through([(1, self.layer_ms_b1), *self.layer_ms_rows, (self.batch, self.layer_ms_bB)], rows)
 
     def head_ms(self, rows: int, solo: bool = False) -> float:
         """The last stage's norm, head and sampling for `rows` requests."""
         if rows <= 1:
             return self.head_ms_b1_solo if solo else self.head_ms_b1
-        return self.head_ms_b1 + (self.head_ms_bB - self.head_ms_b1) * (rows - 1) / (self.batch - 1)
+        return _through([(1, self.head_ms_b1), *self.head_ms_rows, (self.batch, self.head_ms_bB)], rows)
 
     def step_overhead_ms(self, rows: int, last: bool) -> float:
         """A stage's own per-step path for `rows` requests, its layers excepted."""
@@ -72,6 +80,15 @@ class LayerTiming(BaseModel):
         # per token what a 2k one does at context 0, not three quarters).
         keys = start + tokens
         return tokens * (self.prefill_ms_per_token + self.prefill_ms_per_token_per_k * keys / 1000)
+
+
+def _through(points: list[tuple[int, float]], rows: int) -> float:
+    """Piecewise linear through (rows, ms) points, extended past the last along its last piece."""
+    pts = sorted({r: ms for r, ms in points}.items())
+    for (r0, y0), (r1, y1) in zip(pts, pts[1:]):
+        if rows <= r1 or (r1, y1) == pts[-1]:
+            return max(0.0, y0 + (y1 - y0) * (rows - r0) / (r1 - r0))
+    return pts[-1][1]
 
 
 def _between(at_1: float, at_b: float, rows: int, batch: int) -> float:

@@ -65,11 +65,15 @@ def test_a_stage_that_sends_nothing_is_an_error(tiny, monkeypatch):
 def test_the_profile_writes_the_paths_and_the_planner_reads_them(tiny, tmp_path):
     out = tmp_path / "p.json"
     subprocess.run([sys.executable, "-m", "orchestrator.engine.profile", "--model", str(tiny), "--out", str(out),
-                    "--batch", "2", "--prefill-chunk", "32"], check=True, timeout=300)
+                    "--batch", "8", "--prefill-chunk", "32"], check=True, timeout=300)
     data = json.loads(out.read_text())
     assert all(data[k] > 0 for k in FIELDS), data
+    # decode steps of 2 and 4 rows are timed too (the layers and the head)
+    assert [r for r, _ in data["layer_ms_rows"]] == [2, 4] and [r for r, _ in data["head_ms_rows"]] == [2, 4]
     timing = LayerTiming(**{k: v for k, v in data.items() if k not in ("threads", "at")})
-    assert timing.step_overhead_ms(2, last=True) == pytest.approx(data["last_step_ms_bB"])
+    assert timing.step_overhead_ms(8, last=True) == pytest.approx(data["last_step_ms_bB"])
+    assert timing.layer_ms(4) == pytest.approx(data["layer_ms_rows"][1][1])
     # the agent's wire model keeps them (control/perf.py builds the LayerTiming from it)
     wire = ComputeProfile.model_validate({**data, "model_id": "tiny"})
     assert all(getattr(wire, k) == data[k] for k in FIELDS)
+    assert wire.layer_ms_rows == tuple(tuple(p) for p in data["layer_ms_rows"])

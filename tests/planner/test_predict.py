@@ -226,3 +226,17 @@ def test_every_prefill_chunk_pays_the_stage_path_once():
     # or three of the four (stage, chunk) items depending on which stage is the slower
     fixed = 0.5 + 1 + (2 - COORDINATOR_MS)
     assert fixed + 2 * 0.5 - 1e-9 <= extra * 1000 <= fixed + 3 * 0.5 + 1e-9
+
+
+def test_steps_go_through_the_measured_row_counts():
+    # measured: 1 row 1 ms, 2 rows 1.5, 4 rows 1.8, 8 rows 2 (per layer; the head likewise x10)
+    t = T.model_copy(update={"layer_ms_rows": ((2, 1.5), (4, 1.8)), "head_ms_rows": ((2, 15.0), (4, 18.0)),
+                             "head_ms_b1": 10.0, "head_ms_bB": 20.0})
+    assert [t.layer_ms(r) for r in (1, 2, 3, 4, 6, 8)] == pytest.approx([1.0, 1.5, 1.65, 1.8, 1.9, 2.0])
+    assert t.layer_ms(16) == pytest.approx(2.4)  # past B along the last piece (4 -> 8)
+    assert t.head_ms(3) == pytest.approx(16.5)
+    assert T.layer_ms(2) == pytest.approx(1 + 1 / 7)  # without them: the line from 1 to B
+    # 4 requests over 2 stages run groups of 2: 10 layers x 1.5 and 10 x 1.5 + 15 of head
+    stages = [stage(10, timing=t), stage(10, last=True, timing=t)]
+    assert aggregate_tps(stages, [FREE, FREE], HIDDEN, 4) == pytest.approx(4 * 1000 / max(15 + 30 + COORDINATOR_MS,
+                                                                                           2 * 30))
