@@ -7,14 +7,17 @@ last stage, the sampler's RESULT encoding and its `.item()` syncs) and the send;
 coordinator, the RESULT frames, a token event per request handed to its streaming thread
 (which builds the SSE chunk), and the next step's token frames. Each is small, but there is
 one of each per stage per step and per row, and on a 2-core machine the 2-stage pipeline
-measured ~2.5 ms of them per token where the prediction had 0.3 ms.
+measured ~2.5 ms of them per token (timestamps in all three processes, outside the layers'
+own step) where the prediction had 0.3 ms. Much of it is waking up: a lone request's step
+finds the stage's threads asleep (IDLE_S).
 
 So this runs the real code: a real `Stage` (its `_handle_group`, `_forward`, `_compute`,
 sends) around a stand-in model whose "layers" are one trivial op, fed over a socketpair by
 a reader thread exactly as the stage's own readers feed it; and the coordinator's per-step
 work from its own functions (`decode_result`, `tokens_frame`, `Connection.send_group`, the
 events queue, `openai_schema.response`). The times are medians of many steps, measured on
-the node itself, at 1 row and at B rows: what the planner adds to every step.
+the node itself, at 1 row (after idling) and at B rows (back to back): what the planner adds
+to every step. Not in it: the tokenizer's detokenization and the HTTP server's own code.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from typing import Any
 
 import mlx.core as mx
 
-STEPS = 40  # per measurement: each is well under a millisecond when idle
+STEPS = 30  # per measurement: each is well under a millisecond when idle
+# A lone request's step comes after the stage sat idle while the others computed: its threads
+# (and, in a VM, its vCPU) are asleep and wake for it, which costs more than the code does:
+# on a 2-core VM the stage path measured 0.13-0.27 ms back to back, 0.57-0.66 ms after 30 ms
+# idle (0.36 after 5 ms). Idle this long before each timed 1-row step; any gap of a few ms
+# lets every thread sleep.
+IDLE_S = 0.02
 WAIT_S = 30.0  # for a hop that never comes: the path is broken, not slow
 
 
@@ -113,9 +122,9 @@ def _stage(info: Any, dtype: Any, last: bool) -> Any:
     return Stage(config, config.stages[1], model, b"profile", socket.socket(), EventLogger("profile"))
 
 
-def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = STEPS) -> float:
+def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = STEPS, idle_s: float = 0.0) -> float:
     """Median ms of one decode step of `rows` requests through a stage, layers excepted: from
-    its input frames on the socket to its output frames sent on."""
+    its input frames on the socket to its output frames sent on; `idle_s` asleep before each."""
     from .tensors import to_frame
     from .wire import Flag, Frame, Kind, encode
 
@@ -144,6 +153,7 @@ def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = S
         for step in range(steps + 3):  # three to warm up
             group = [to_frame(r, step, h, Flag.SAMPLE) for r in ids]
             data = b"".join(encode(f) for f in _more(group))
+            time.sleep(idle_s)
             t0 = time.perf_counter()
             up.sock.sendall(data)
             stage._handle_group(inbox.get(timeout=WAIT_S))
@@ -164,10 +174,11 @@ def _more(frames: list[Any]) -> list[Any]:
                   (f.flags | Flag.MORE) if i < len(frames) - 1 else f.flags, f.payload) for i, f in enumerate(frames)]
 
 
-def time_coordinator_path(rows: int, steps: int = STEPS) -> float:
+def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0) -> float:
     """Median ms of the coordinator's work per decode step of `rows` requests, the scheduler's
     and the streaming threads' together: RESULT frames in, a token event per request to its
-    streaming thread (which builds and writes the SSE chunk), the next step's frames out."""
+    streaming thread (which builds and writes the SSE chunk), the next step's frames out;
+    `idle_s` asleep before each."""
     from . import openai_schema as oa
     from .generation import TokenEvent
     from .sampling import RESULT, decode_result
@@ -205,6 +216,7 @@ def time_coordinator_path(rows: int, steps: int = STEPS) -> float:
         for step in range(steps + 3):
             results = [Frame(Kind.RESULT, r, step, payload=RESULT.pack(100 + r, -0.5)) for r in range(rows)]
             data = b"".join(encode(f) for f in _more(results))
+            time.sleep(idle_s)
             t0 = time.perf_counter()
             last.sock.sendall(data)
             _, frames = inbox.get(timeout=WAIT_S)
@@ -243,8 +255,10 @@ def step_overheads(info: Any, dtype: Any, batch: int) -> dict[str, float]:
     hidden states on, for the last stage (results), and for the coordinator. `info` and
     `dtype` are the model's (shard.ModelInfo, the activations' mx dtype): frame sizes."""
     out = {}
-    for key, rows in (("b1", 1), ("bB", batch)):
-        out[f"step_ms_{key}"] = time_stage_path(info, dtype, rows, last=False)
-        out[f"last_step_ms_{key}"] = time_stage_path(info, dtype, rows, last=True)
-        out[f"coordinator_ms_{key}"] = time_coordinator_path(rows)
+    # One request's step finds every thread asleep (the other stages were computing); a batch
+    # of B comes to a busy stage, straight after its previous group.
+    for key, rows, idle in (("b1", 1, IDLE_S), ("bB", batch, 0.0)):
+        out[f"step_ms_{key}"] = time_stage_path(info, dtype, rows, last=False, idle_s=idle)
+        out[f"last_step_ms_{key}"] = time_stage_path(info, dtype, rows, last=True, idle_s=idle)
+        out[f"coordinator_ms_{key}"] = time_coordinator_path(rows, idle_s=idle)
     return out
