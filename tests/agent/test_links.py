@@ -72,6 +72,9 @@ def test_an_agent_times_a_models_layers_once(spawn_agent, test_model_dir):
     p = status.profile
     assert p.layer_ms_b1_solo > 0 and p.layer_ms_bB > 0 and p.prefill_ms_per_token > 0 and p.batch == 8
     assert p.threads == (1, 2) or p.threads[0] >= 0
+    # the per-step path beyond the layers and steps of 2 and 4 rows are timed with them
+    assert p.step_ms_b1 > 0 and p.last_step_ms_bB > 0 and p.coordinator_ms_b1 > 0
+    assert [r for r, _ in p.layer_ms_rows] == [2, 4]
     assert a.client.profile("tiny", start=True).profile == p  # cached per model
     assert [c.model_id for c in a.client.report().compute] == ["tiny"]
 
