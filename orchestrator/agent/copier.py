@@ -73,6 +73,8 @@ class Timing:
     rename_s: float = 0.0
     blocks: int = 0  # blocks checked (0: every file checked whole)
     refetched: int = 0  # blocks or files fetched again
+    recv_cpu: float = 0.0  # CPU seconds of the receiver threads (user + system), all together
+    hash_cpu: float = 0.0  # CPU seconds of the hasher threads (reading back, sha256, installs)
 
     def fields(self, total: int) -> dict[str, object]:
         end = time.perf_counter()
@@ -80,7 +82,8 @@ class Timing:
         return {"bytes": total, "seconds": round(end - self.start, 3), "last_byte_s": at(self.last_byte),
                 "last_verified_s": at(self.last_verified), "hash_s": round(self.hash_s, 3),
                 "fsync_s": round(self.fsync_s, 3), "rename_s": round(self.rename_s, 3), "blocks": self.blocks,
-                "refetched": self.refetched}
+                "refetched": self.refetched, "recv_cpu_s": round(self.recv_cpu, 3),
+                "hash_cpu_s": round(self.hash_cpu, 3)}
 
 
 @dataclass
@@ -284,6 +287,7 @@ def _restart_file(c: Copy, p: Part) -> None:
 def _receiver(c: Copy, peer: Peer) -> None:
     """Take work items until none is left; a fatal error stops the whole copy."""
     conn: http.client.HTTPConnection | None = None
+    cpu = time.thread_time()
     try:
         while not c.over:
             try:
@@ -335,6 +339,8 @@ def _receiver(c: Copy, peer: Peer) -> None:
     finally:
         if conn is not None:
             conn.close()
+        with c.cond:
+            c.timing.recv_cpu += time.thread_time() - cpu
 
 
 def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part, i: int, generation: int) -> None:
@@ -451,6 +457,7 @@ def _get(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part, offset:
 def _hasher(c: Copy) -> None:
     """Check files and blocks as they land; install each file once all of it matched."""
     buf = memoryview(bytearray(HASH_CHUNK))  # one per thread, reused: hot in this core's cache
+    cpu = time.thread_time()
     try:
         while not c.over:
             try:
@@ -470,6 +477,9 @@ def _hasher(c: Copy) -> None:
         c.fail(Cancelled())
     except BaseException as exc:  # noqa: BLE001
         c.fail(exc)
+    finally:
+        with c.cond:
+            c.timing.hash_cpu += time.thread_time() - cpu
 
 
 def _verify_block(c: Copy, p: Part, k: int, generation: int, buf: memoryview) -> None:

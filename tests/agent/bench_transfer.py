@@ -16,7 +16,7 @@ the receiver, fsync, and the atomic move into place.
 Where the time goes (this checkout's receiver only: its `copy.timing` log line per copy):
 `last byte` and `verified` are when the last byte landed and the last block/file matched,
 from the copy's start; `hash` is the hashers' busy time summed over threads; `fsync` and
-`rename` the installs'; `rest` is the job around the copy (request, ticket, the model
+`rename` the installs'; [CPU s] the receiver and hasher threads' own CPU time; `rest` is the job around the copy (request, ticket, the model
 directory's move into place and manifest record, the client's progress polls).
 """
 
@@ -177,12 +177,14 @@ def main() -> None:
             print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
         print(f"load average (1 min) during the agent copies: {min(load):.2f}-{max(load):.2f} on {os.cpu_count()} cores")
         if breakdown:
-            print("where the time goes (medians, s): last byte | verified | hash (all threads) | fsync | rename | rest")
+            print("where the time goes (medians, s): last byte | verified | hash (all threads) | fsync | rename | rest"
+                  "   [CPU s: receivers, hashers]")
         for name, rows in breakdown.items():
             med = {k: statistics.median(r.get(k, 0.0) for r in rows) for k in rows[0]}
             print(f"{name:>16}: {med.get('last_byte_s', 0):.2f} | {med.get('last_verified_s', 0):.2f} | "
                   f"{med.get('hash_s', 0):.2f} | {med.get('fsync_s', 0):.2f} | {med.get('rename_s', 0):.3f} | "
                   f"{statistics.median(r['wall'] - r.get('seconds', 0) for r in rows):.2f}"
+                  f"   [{med.get('recv_cpu_s', 0):.2f}, {med.get('hash_cpu_s', 0):.2f}]"
                   f"   (copy {med.get('seconds', 0):.2f} of {med['wall']:.2f}; blocks {med.get('blocks', 0):.0f})")
 
 
