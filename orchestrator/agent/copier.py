@@ -11,8 +11,10 @@ the other): sha256 alone is about a third of it. Here the work is split:
   cache; measured 20 % less CPU than hashing an mmap of the block);
 - a file whose manifest entry has blocks (`blocks`: the sha256 of each 16+ MiB block,
   produced on the serving node in the same pass as the whole-file sha256) is checked
-  block by block: each block is queued as soon as all its bytes landed, whichever hasher
-  is free takes it, so one large file is hashed on all cores at once. A block that differs
+  block by block: a block is queued as soon as its first bytes landed, and whichever
+  hasher is free takes it and follows it as it fills, so one large file is hashed on all
+  cores at once (a hasher that lags leaves the next block to the other) and nothing waits
+  for a whole block to land at the start nor to be hashed at the end. A block that differs
   is fetched again (its byte range only); a second difference fails the job as a mismatch
   naming the file, the block and the peer that sent it;
 - a file without blocks (an older agent's manifest, a small file) is checked whole: one
@@ -66,6 +68,7 @@ class Timing:
     """Where a copy's time went (seconds from its start, or summed over threads)."""
 
     start: float = field(default_factory=time.perf_counter)
+    first_byte: float = 0.0  # when the first byte landed
     last_byte: float = 0.0  # when the last byte landed
     last_verified: float = 0.0  # when the last block or file matched
     hash_s: float = 0.0  # hashers busy reading back and hashing, all threads together
@@ -79,7 +82,8 @@ class Timing:
     def fields(self, total: int) -> dict[str, object]:
         end = time.perf_counter()
         at = lambda t: round(max(0.0, t - self.start), 3) if t else None  # noqa: E731
-        return {"bytes": total, "seconds": round(end - self.start, 3), "last_byte_s": at(self.last_byte),
+        return {"bytes": total, "seconds": round(end - self.start, 3), "first_byte_s": at(self.first_byte),
+                "last_byte_s": at(self.last_byte),
                 "last_verified_s": at(self.last_verified), "hash_s": round(self.hash_s, 3),
                 "fsync_s": round(self.fsync_s, 3), "rename_s": round(self.rename_s, 3), "blocks": self.blocks,
                 "refetched": self.refetched, "recv_cpu_s": round(self.recv_cpu, 3),
@@ -108,11 +112,17 @@ class Copy:
     complete: bool = True
     work: queue.Queue = field(default_factory=queue.Queue)
     to_hash: queue.Queue = field(default_factory=queue.Queue)
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     error: BaseException | None = None
     verified: int = 0
     conns: list[http.client.HTTPConnection] = field(default_factory=list)
     timing: Timing = field(default_factory=Timing)
+
+    def __post_init__(self) -> None:
+        # One lock, two wake-ups: `cond` for the copy's progress (a file verified, an error),
+        # `arrived` for the hashers following bytes as they land (a notify per MiB received).
+        self.cond = threading.Condition(self.lock)
+        self.arrived = threading.Condition(self.lock)
 
     def add(self, files: dict[str, FileEntry], linked: set[str] = frozenset(), rehash: bool = False) -> None:
         """Queue files for the receivers and hashers; a file already in place counts as done at once.
@@ -156,13 +166,13 @@ class Copy:
             self.to_hash.put((p, None, p.generation))
 
     def queue_landed(self, p: Part, lo: int, hi: int, peer: str = "") -> None:
-        """Queue the blocks over [lo, hi) whose every byte has now landed. Under `cond`."""
+        """Queue the blocks over [lo, hi) whose first bytes have now landed. Under `cond`."""
         if hi <= lo:
             return
         for k in range(lo // p.bsize, (hi - 1) // p.bsize + 1):
             if peer:
                 p.block_peer[k] = peer
-            if p.state[k] == PENDING and p.landed(k):
+            if p.state[k] == PENDING and p.block_frontier(k) > k * p.bsize:
                 p.state[k] = QUEUED
                 self.to_hash.put((p, k, p.generation))
 
@@ -188,6 +198,7 @@ class Copy:
             if self.error is None:
                 self.error = exc
             self.cond.notify_all()
+            self.arrived.notify_all()
 
     @property
     def done(self) -> bool:
@@ -282,6 +293,7 @@ def _restart_file(c: Copy, p: Part) -> None:
         for i in range(len(p.ranges)):
             c.work.put(("range", p, i, p.generation, 0))
         c.cond.notify_all()
+        c.arrived.notify_all()
 
 
 def _receiver(c: Copy, peer: Peer) -> None:
@@ -363,10 +375,10 @@ def _fetch_range(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part,
             p.ranges[i][2] += n
             p.counted += n
             if p.blocks is not None:
-                c.queue_landed(p, at, at + n, who)  # the hashers wait on their queue: nobody to wake
+                c.queue_landed(p, at, at + n, who)
             else:
                 c.hash_whole(p)
-                c.cond.notify_all()  # the hasher following this file
+            c.arrived.notify_all()  # the hashers following this file or its blocks
 
     _get(c, conn, peer, p, offset, end, generation, landed, whole=whole, restartable=start == 0 and end == p.size)
 
@@ -430,6 +442,8 @@ def _get(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part, offset:
         on_landed(n)
         c.job.transferred(n)
         c.timing.last_byte = time.perf_counter()
+        if not c.timing.first_byte:
+            c.timing.first_byte = c.timing.last_byte
 
     try:
         got = 0
@@ -483,33 +497,48 @@ def _hasher(c: Copy) -> None:
 
 
 def _verify_block(c: Copy, p: Part, k: int, generation: int, buf: memoryview) -> None:
-    """sha256 of one landed block against its digest: good (the file is installed after its last
-    block), or fetched again once; a second difference fails the copy naming file, block and peer."""
+    """sha256 of one block, following its bytes as they land, against its digest: good (the file is
+    installed after its last block), or fetched again once; a second difference fails the copy
+    naming file, block and peer."""
     bs, be = p.span(k)
-    t0 = time.perf_counter()
-    digest = hashlib.sha256()
+    digest, pos, fd = hashlib.sha256(), bs, None
     try:
-        fd = os.open(p.part, os.O_RDONLY)
-    except FileNotFoundError:
-        if p.generation != generation:
-            return  # thrown away meanwhile (a peer that ignored a resume's range): it lands again
-        raise
-    try:
-        pos = bs
         while pos < be:
-            n = os.preadv(fd, [buf[:min(len(buf), be - pos)]], pos)
-            if not n:
-                raise OSError(f"{p.part} is shorter than its written ranges")
-            digest.update(buf[:n])
-            pos += n
+            with c.cond:
+                # a chunk's worth at a time (or the block's end): fewer wake-ups, larger updates
+                while True:
+                    if c.over:
+                        raise Cancelled
+                    if p.generation != generation:
+                        return  # thrown away meanwhile: its blocks are queued again as they land
+                    upto = p.block_frontier(k)
+                    if upto - pos >= min(HASH_CHUNK, be - pos):
+                        break
+                    c.arrived.wait(0.25)
+            if fd is None:
+                try:
+                    fd = os.open(p.part, os.O_RDONLY)
+                except FileNotFoundError:
+                    if p.generation != generation:
+                        return
+                    raise
+            t0 = time.perf_counter()
+            while pos < upto:
+                n = os.preadv(fd, [buf[:min(len(buf), upto - pos)]], pos)
+                if not n:
+                    raise OSError(f"{p.part} is shorter than its written ranges")
+                digest.update(buf[:n])
+                pos += n
+            with c.cond:
+                c.timing.hash_s += time.perf_counter() - t0
         ok = digest.hexdigest() == p.blocks[k]  # type: ignore[index]
         if ok:
             start_writeback(fd, bs, be - bs)  # verified: on its way to the disk while the rest comes
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     now = time.perf_counter()
     with c.cond:
-        c.timing.hash_s += now - t0
         if p.generation != generation or p.state[k] != QUEUED:
             return
         if ok:
@@ -549,7 +578,7 @@ def _verify(c: Copy, p: Part, buf: memoryview) -> None:
                     # a block's worth at a time (or the file's end): fewer wake-ups, larger sha256 updates
                     while (p.frontier() - pos < min(HASH_CHUNK, p.size - pos) and p.generation == generation
                            and not c.over):
-                        c.cond.wait(0.25)
+                        c.arrived.wait(0.25)
                     if c.over:
                         raise Cancelled
                     if p.generation != generation:

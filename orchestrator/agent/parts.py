@@ -49,10 +49,19 @@ class Part:
     def span(self, k: int) -> tuple[int, int]:
         return k * self.bsize, min((k + 1) * self.bsize, self.size)
 
-    def landed(self, k: int) -> bool:
-        """Whether every byte of block k is written (each range over it wrote its share)."""
+    def block_frontier(self, k: int) -> int:
+        """How far block k is written without a gap from its first byte (its end once all landed).
+
+        Ranges are in file order and adjoin (`plan_ranges`): a block may span two of them."""
         bs, be = self.span(k)
-        return all(s + w >= min(e, be) for s, e, w in self.ranges if s < be and e > bs)
+        pos = bs
+        for s, e, w in self.ranges:
+            if e <= pos or s > pos:
+                continue
+            pos = max(pos, min(s + w, e, be))
+            if pos < min(e, be) or pos >= be:
+                break  # a gap in this range, or the block's end
+        return min(pos, be)
 
     @property
     def part(self) -> Path:
