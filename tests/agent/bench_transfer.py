@@ -2,23 +2,24 @@
 
     .venv/bin/python tests/agent/bench_transfer.py [--model DIR] [--runs 3] [--before DIR] [--no-plain] [--warmup 1]
 
-`--warmup N` untimed copies per side come first. `--before DIR`: a checkout of an earlier pipeserve (`git worktree add DIR <commit>`) whose
-agents are measured in the same run, alternating with this one's, for a before/after
-under the same load. Contenders: one source agent, and two source agents holding the same
-model (the copy takes files or byte ranges from both).
+`--warmup N` untimed copies per side come first. `--before DIR`: a checkout of an earlier
+pipeserve (`git worktree add DIR <commit>`) whose agents are measured in the same run,
+alternating with this one's, for a before/after under the same load. Contenders: one
+source agent, and two source agents holding the same model (the copy takes files or byte
+ranges from both).
 
 Default model: the SmolLM2 demo import in the pipeserve cache (~540 MB; made with
 `pipeserve import-demo-model` when absent). Both sides run with a warm page cache (the
-source files were just read), so the comparison is of the copy paths, not of the disk.
-The agent copy includes what a real transfer does: HTTP streaming, sha256 of every byte on
-the receiver, fsync, and the atomic move into place.
+source files were just read), so the comparison is of the copy paths, not of the disk. The
+agent copy includes what a real transfer does: HTTP streaming, sha256 of every byte on the
+receiver, fsync, and the atomic move into place.
 
 Where the time goes (this checkout's receiver only: its `copy.timing` log line per copy):
 `last byte` and `verified` are when the last byte landed and the last block/file matched,
 from the copy's start; `hash` is the hashers' busy time summed over threads; `fsync` and
-`rename` the installs'; [CPU s] the receiver and hasher threads' own CPU time; `rest` is the job around the copy (request, ticket, the model
-directory's move into place and manifest record, the client's progress polls).
-"""
+`rename` the installs'; [CPU s] the receiver and hasher threads' own CPU time; `rest` is
+the job around the copy (request, ticket, the model directory's move into place and
+manifest record, the client's progress polls)."""
 
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def main() -> None:
                 continue
             med = statistics.median(times)
             print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
-        print(f"load average (1 min) during the agent copies: {min(load):.2f}-{max(load):.2f} on {os.cpu_count()} cores")
+        print(f"load average (1 min) during the agent copies: {min(load):.2f}-{max(load):.2f} "
+              f"on {os.cpu_count()} cores")
         if breakdown:
             print("where the time goes (medians, s): last byte | verified | hash (all threads) | fsync | rename | rest"
                   "   [CPU s: receivers, hashers]")
