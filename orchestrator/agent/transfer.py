@@ -10,7 +10,6 @@ again once from scratch; a second difference fails the job as a mismatch naming 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil

@@ -13,7 +13,7 @@ import time
 from typing import Callable
 
 from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import DownloadInfo, Manifest
+from ..agent.schemas import DownloadInfo
 from .download_state import HubRef, NodeDownload
 
 Report = Callable[[NodeDownload], None]

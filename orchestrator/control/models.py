@@ -21,7 +21,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..agent.client import AgentClient, AgentError
+from ..agent.client import AgentError
 from ..agent.hub import HubListing
 from ..agent.names import InvalidName, check_model_id
 from . import events as ev

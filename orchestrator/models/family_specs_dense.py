@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from orchestrator.models.family_specs import BASE, FamilySpec, attn
+from orchestrator.models.family_specs import BASE, FamilySpec
 
 DENSE = MappingProxyType({
     "llama": FamilySpec(

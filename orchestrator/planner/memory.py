@@ -18,7 +18,6 @@ from __future__ import annotations
 from itertools import accumulate
 
 from orchestrator.models.describe import ModelDescription
-from orchestrator.units import format_bytes  # noqa: F401 (messages of plan_warnings and planner use it from here)
 
 from .settings import PlanSettings
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .facts import NodeFacts
-from .memory import StageCosts, format_bytes
+from ..units import format_bytes
+from .memory import StageCosts
 from .result import Issue, StagePlan, WarningCode
 from .settings import PlanSettings
 

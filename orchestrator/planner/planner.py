@@ -16,7 +16,8 @@ from orchestrator.models.describe import ModelDescription
 from .balance import Split, balanced_split, fullest_split
 from .checks import check_model, check_nodes, check_split
 from .facts import NodeFacts
-from .memory import StageCosts, format_bytes
+from ..units import format_bytes
+from .memory import StageCosts
 from .placement import best_order, plan_performance, timed_split, timings_for
 from .plan_warnings import plan_warnings
 from .ports import PortAllocation, allocate_ports

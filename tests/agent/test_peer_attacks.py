@@ -70,8 +70,8 @@ def test_in_progress_downloads_count_against_the_free_disk(spawn_agent, peer):
     free = shutil.disk_usage(b.models_dir).free
     size = int(free * 0.6)  # either download fits alone; both together do not
     big = Manifest(files={"model.safetensors": FileEntry(size=size, sha256="0" * 64)})
-    peer.behaviours[f"/v1/models/first/files/model.safetensors"] = trickle(size)
-    peer.behaviours[f"/v1/models/second/files/model.safetensors"] = trickle(size)
+    peer.behaviours["/v1/models/first/files/model.safetensors"] = trickle(size)
+    peer.behaviours["/v1/models/second/files/model.safetensors"] = trickle(size)
     assert fetch(b, peer.url, big, "first").state == "running"
     with pytest.raises(AgentError) as err:
         fetch(b, peer.url, big, "second")

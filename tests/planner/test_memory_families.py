@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
-import pytest
 
 from orchestrator.engine.shard import StageModel
 from orchestrator.models.describe import describe_model

@@ -11,7 +11,6 @@ import resource
 import socket
 import time
 
-import pytest
 import requests
 
 from orchestrator.proc import wait_until
