@@ -23,9 +23,9 @@ from .perf_schemas import ComputeProfile, ProfileStatus
 
 TIMEOUT_S = 600.0
 # Part of every cached profile's stamp: a profile taken by an older engine/profile.py (before
-# it timed the per-step path, engine/profile_step.py, and steps of 2 and 4 rows) is stale
-# and is timed again.
-PROFILE_VERSION = 3
+# it timed the per-step path, engine/profile_step.py, steps of 2 and 4 rows, and the head
+# behind the other layers) is stale and is timed again.
+PROFILE_VERSION = 4
 
 
 class ComputeProfiler:
