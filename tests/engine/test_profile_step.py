@@ -77,3 +77,16 @@ def test_the_profile_writes_the_paths_and_the_planner_reads_them(tiny, tmp_path)
     wire = ComputeProfile.model_validate({**data, "model_id": "tiny"})
     assert all(getattr(wire, k) == data[k] for k in FIELDS)
     assert wire.layer_ms_rows == tuple(tuple(p) for p in data["layer_ms_rows"])
+
+
+def test_the_head_is_timed_behind_the_other_layers(tiny):
+    # engine/profile.time_stage runs `between` (the body's step) before every timed step of
+    # the tail: back to back, a small tail stays in cache and looks cheaper than it serves
+    from orchestrator.engine import profile
+    from orchestrator.engine.shard import StageModel
+
+    calls = []
+    tail = StageModel(tiny, 2, 3)
+    got = profile.time_stage(tail, 4, lambda solo: None, between=lambda: calls.append(1))
+    assert set(got) == {"b1_solo", "b1", "b2", "bB"}  # 2 rows sits between 1 and the batch of 4
+    assert len(calls) == profile.ROUNDS * len(got) * profile.REPEATS
