@@ -27,8 +27,9 @@ Trust — why every verified block means the peer's verified file:
 - they travel inside the manifest the control plane hands to the receiver — the reference
   it already trusts for the whole-file sha256 — never from the serving peer's answer, so a
   peer (or whatever answers at its address) cannot bring its own blocks for its own bytes;
-  (a copy that follows a peer's download takes files, hashes and blocks from that peer's
-  listing alike, as it always took the hashes);
+  a copy that follows a peer's running download (`follow`) knows its files only from that
+  peer's listing, so it drops the listed blocks and checks each file whole against the
+  listed sha256, which the control plane then compares with the hub's;
 - the receiver makes a file visible (fsync, rename from `.part`) only once every block
   matched; the bytes are then those the blocks were computed from, so it records the
   same entry, blocks included, and may serve the file onward with them;

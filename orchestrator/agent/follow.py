@@ -5,7 +5,8 @@ over the LAN. Waiting for the whole model on the first node serializes the two t
 following overlaps them. The peer lists what it offers (`GET /v1/models/{id}/files`: the
 files its running download has verified so far, or the whole manifest once it holds the
 model); this node polls that list and hands each new file to the pipelined copier
-(`copier.run_copy`), which checks every byte against the listed sha256 as for any copy.
+(`copier.run_copy`), which checks every byte against the listed sha256 — each file whole,
+never by block digests the peer would have listed itself.
 
 The peer stays untrusted (see `peer`): its list is read up to a bounded size and validated,
 a file it lists cannot change its size or hash later, and an error never quotes its answer.
@@ -97,7 +98,10 @@ def follow_peer(job: Job, source: PeerSource, files_dir: Path, log: EventLogger,
                 job.total_bytes = offered.total_bytes or sum(e.size for e in offered.manifest.files.values())
                 job.files_total = offered.files_total
             known.update(fresh)
-            c.add(fresh, rehash=True)
+            # Checked whole against the listed sha256: block digests from the peer's own list
+            # would let whatever answers at its address vouch for its own bytes (the listed
+            # sha256 is then compared with the hub's by the control plane; blocks are not).
+            c.add({rel: e.model_copy(update={"blocks": None}) for rel, e in fresh.items()}, rehash=True)
             if offered.complete:
                 c.all_known()
                 return

@@ -10,7 +10,9 @@ control plane, and whatever answers at that address may be anything. So:
 - nothing of a foreign answer's body reaches the job's error or the log: an error names the
   HTTP status with a fixed message;
 - a `.part` file is resumed with `Range` after a network error; a file whose sha256
-  differs is fetched again once from scratch, then the job fails as a mismatch.
+  differs is fetched again once from scratch (a file with per-block digests: only the
+  block that differs), then the job fails as a mismatch naming the file (and the block
+  and the peer).
 
 The copy itself lives in `copier`: files (or byte ranges of large files) from several
 peers at once, hashed by other threads while the bytes still arrive.

@@ -5,7 +5,8 @@ model) and the directory is renamed into place only when every file is verified 
 the manifest, so a half-done download is never visible as a model. Peer files stream over
 HTTP with `Range` resume: an interrupted `.part` file (agent killed, network lost) is
 re-hashed locally and continued where it stopped. A file whose sha256 differs is fetched
-again once from scratch; a second difference fails the job as a mismatch naming the file.
+again once from scratch (with per-block digests, `blocks`: only the block that differs); a
+second difference fails the job as a mismatch naming the file (and the block and peer).
 """
 
 from __future__ import annotations

@@ -105,8 +105,12 @@ class ModelManager:
         or with the agent's reason when it refuses."""
         self.orch.command(DeleteModel(model_id, node_id))
         key = (model_id, node_id)
-        state = self.orch.wait(lambda st: any((d.model_id, d.node_id) == key and d.phase != "running"
-                                              for d in st.deletions), DELETE_WAIT_S)
+        try:
+            state = self.orch.wait(lambda st: any((d.model_id, d.node_id) == key and d.phase != "running"
+                                                  for d in st.deletions), DELETE_WAIT_S)
+        except TimeoutError:
+            raise CommandRefused(f"delete {model_id}: the node has not answered within {DELETE_WAIT_S:g} s; "
+                                 "the list shows the outcome when it does") from None
         done = next(d for d in state.deletions if (d.model_id, d.node_id) == key)
         if done.error:
             raise CommandRefused(done.error)
@@ -132,18 +136,24 @@ class ModelManager:
             flag.set()
 
     def delete_files(self, model_id: str, node_id: str) -> None:
-        """A deletion's worker: the agent deletes the model; the node's report follows."""
+        """A deletion's worker: the agent deletes the model; the node's report follows. It always
+        ends with ModelDeletionFinished: a deletion left running would block the model there."""
         node = self.orch.state.node(node_id)
         name = node.name if node else node_id
-        client = self.orch.agent(node_id)
-        error = "" if client is not None else f"delete {model_id} on {name}: the node is no longer registered"
+        error = f"delete {model_id} on {name}: the node is no longer registered"
         try:
+            client = self.orch.agent(node_id)
             if client is not None:
                 client.delete_model(model_id)
+                error = ""
                 self._refresh(node_id)  # the list shows it gone as the deletion ends
         except AgentError as exc:
             error = f"delete {model_id} on {name}: {exc.message}"
-        self.orch.post(ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error))
+        except Exception as exc:  # noqa: BLE001 (a bug must not leave the deletion running)
+            if error:  # the delete failed; after a delete only the refresh can (the watcher reports it later)
+                error = f"delete {model_id} on {name}: {type(exc).__name__}: {exc}"
+        finally:
+            self.orch.post(ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error))
 
     def _refresh(self, node_id: str) -> None:
         """Post the node's report now (its models changed)."""

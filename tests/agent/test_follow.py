@@ -4,10 +4,12 @@ list is garbage. Following a hub download in progress: tests/control/test_model_
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from urllib.parse import unquote
 
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.follow import new_files
@@ -90,4 +92,69 @@ def test_a_peer_list_that_is_not_one_fails_the_copy_without_quoting_it(spawn_age
         peer.shutdown()
     assert info.state == "failed" and info.error_code == "peer_error", info
     assert info.error == "the peer's list of verified files is malformed"
+    assert not (b.models_dir / "m").exists()
+
+
+class _Liar(ThreadingHTTPServer):
+    """A 'peer' serving a damaged copy of a model: it lists each file with the genuine sha256 but
+    with block digests of its own (damaged) bytes, as whatever answers at a peer's address could."""
+
+    daemon_threads = True
+
+    def __init__(self, genuine: dict[str, bytes], damaged: dict[str, bytes]) -> None:
+        self.damaged = damaged
+        files = {}
+        for rel, data in genuine.items():
+            blocks = None
+            if len(data) > 1 << 20:
+                bad = damaged[rel]
+                blocks = {"size": 1 << 20, "sha256": [hashlib.sha256(bad[i:i + (1 << 20)]).hexdigest()
+                                                       for i in range(0, len(bad), 1 << 20)]}
+            files[rel] = FileEntry(size=len(data), sha256=hashlib.sha256(data).hexdigest(), blocks=blocks)
+        self.listing = OfferedFiles(model_id="m", state="present", complete=True, manifest=Manifest(files=files),
+                                    total_bytes=sum(map(len, genuine.values())), files_total=len(files))
+        super().__init__(("127.0.0.1", 0), _LiarHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+class _LiarHandler(BaseHTTPRequestHandler):
+    server: _Liar
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802
+        path = self.path.split("?", 1)[0]
+        if path.endswith("/files"):
+            body = self.server.listing.model_dump_json().encode()
+        else:
+            body = self.server.damaged[unquote(path.split("/files/", 1)[1])]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_a_followed_peer_cannot_vouch_for_its_own_bytes_with_block_digests(spawn_agent, transfer_model):
+    """Block digests in a followed peer's own list are not trusted: each file is checked whole
+    against the listed sha256, so damaged bytes with matching blocks are still a mismatch."""
+    genuine = {p.relative_to(transfer_model).as_posix(): p.read_bytes()
+               for p in sorted(transfer_model.rglob("*")) if p.is_file()}
+    big = max(genuine, key=lambda rel: len(genuine[rel]))
+    assert len(genuine[big]) > 2 << 20  # several blocks: the lie is in a block-checked file
+    damaged = dict(genuine)
+    bad = bytearray(genuine[big])
+    bad[len(bad) // 2] ^= 0xFF
+    damaged[big] = bytes(bad)
+    b = spawn_agent("b")
+    peer = _Liar(genuine, damaged)
+    try:
+        b.client.fetch("m", {"kind": "peer", "url": f"http://127.0.0.1:{peer.server_address[1]}",
+                             "ticket": "t" * 32, "follow": True})
+        info = b.client.wait_download("m", 60)
+    finally:
+        peer.shutdown()
+    assert info.state == "failed" and info.error_code == "mismatch", info
+    assert big in info.error, info
     assert not (b.models_dir / "m").exists()

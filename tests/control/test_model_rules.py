@@ -1,13 +1,16 @@
 """The Models tab's rules (`model_rules`, reached through `decide`) as tables: a state and a
 download, cancel or delete command in, events and effects (or a refusal) out. No process, no
-thread, no hub: the listing a caller would fetch is a value here."""
+thread, no hub: the listing a caller would fetch is a value here. The last test runs the
+deletion's worker in a headless Orchestrator (no agents: a stand-in client at that seam)."""
 
 from __future__ import annotations
 
 import pytest
 
+from orchestrator.agent.client import AgentError
 from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.agent.schemas import ModelInfo
+from orchestrator.control import events as ev
 from orchestrator.control.commands import (CancelDownload, CommandRefused, DeleteModel, DownloadModel,
                                            LaunchSingle, ResumeDownload)
 from orchestrator.control.decide import decide
@@ -145,3 +148,47 @@ def test_a_finished_deletion_nobody_started_changes_nothing():
 def test_a_session_that_ended_no_longer_blocks_a_deletion():
     state = BASE.model_copy(update={"sessions": (session(phase="failed"),)})
     assert effect_types(decide(state, DeleteModel(MODEL, "n1"))) == ["DeleteModelFiles"]
+
+
+# --- the deletion's worker always ends it ---------------------------------------------------
+class _Agent:
+    """Stands in for a node's agent client (the one seam here): its delete fails as `error` says."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        self.error = error
+
+    def delete_model(self, model_id: str) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def report(self):
+        raise ValueError("a report this dashboard cannot read")  # what _refresh meets after a delete
+
+
+@pytest.fixture
+def orch(tmp_path):
+    from orchestrator.control.core import Orchestrator
+    from orchestrator.registrar import ConfigFileRegistrar
+
+    o = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml")).start(look=False)
+    for n in BASE.nodes:
+        o.post(ev.NodeRegistered(node=n))
+    o.wait(lambda st: len(st.nodes) == 2, 5)
+    yield o
+    o.stop()
+
+
+@pytest.mark.parametrize("error, refused", [
+    (None, None),  # deleted; the report after it failed: the deletion still ends, without an error
+    (AgentError(409, "model_in_use: a process uses it"), "delete smol on node-b: model_in_use: a process uses it"),
+    (RuntimeError("a bug"), "delete smol on node-b: RuntimeError: a bug"),
+])
+def test_a_deletion_always_ends_and_says_why_it_failed(orch, monkeypatch, error, refused):
+    monkeypatch.setattr(orch, "agent", lambda node_id: _Agent(error))
+    if refused is None:
+        orch.models.delete(MODEL, "n1")
+    else:
+        with pytest.raises(CommandRefused, match=refused):
+            orch.models.delete(MODEL, "n1")
+    assert [(d.phase, d.error) for d in orch.state.deletions] == [("failed" if refused else "done", refused or "")]
+    assert effect_types(decide(orch.state, DeleteModel(MODEL, "n1"))) == ["DeleteModelFiles"]  # not stuck
