@@ -90,7 +90,11 @@ def follow_peer(job: Job, source: PeerSource, files_dir: Path, log: EventLogger,
                             reason=network_reason(exc), attempt=failures)
                 job.cancel.wait(0.5 * failures)
                 continue
-            fresh = new_files(offered, known)
+            # Block digests from the peer's own list are dropped: whatever answers at its address
+            # would vouch for its own bytes with them. Each file is checked whole against the
+            # listed sha256 (which the control plane compares with the hub's) and recorded
+            # without blocks, until this node hashes it itself.
+            fresh = {rel: e.model_copy(update={"blocks": None}) for rel, e in new_files(offered, known).items()}
             if not sized and offered.total_bytes:  # the size is known once the peer's hub listing came back
                 job.require_space(offered.total_bytes)
                 sized = True
@@ -98,10 +102,7 @@ def follow_peer(job: Job, source: PeerSource, files_dir: Path, log: EventLogger,
                 job.total_bytes = offered.total_bytes or sum(e.size for e in offered.manifest.files.values())
                 job.files_total = offered.files_total
             known.update(fresh)
-            # Checked whole against the listed sha256: block digests from the peer's own list
-            # would let whatever answers at its address vouch for its own bytes (the listed
-            # sha256 is then compared with the hub's by the control plane; blocks are not).
-            c.add({rel: e.model_copy(update={"blocks": None}) for rel, e in fresh.items()}, rehash=True)
+            c.add(fresh, rehash=True)
             if offered.complete:
                 c.all_known()
                 return
