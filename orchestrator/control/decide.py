@@ -159,6 +159,9 @@ def _prepare(state: State, c: PrepareModel) -> Decision:
     missing = [n for n in c.node_ids if state.node(n) is None]
     if missing or not c.node_ids:
         raise CommandRefused(f"unknown nodes: {', '.join(missing)}" if missing else "select at least one node")
+    deleted = deletion_conflict(state, c.model_id, c.node_ids)
+    if deleted:
+        raise CommandRefused(deleted)
     return Decision((), (RunPreparation(c.model_id, c.node_ids, c.hub),))
 
 

@@ -4,7 +4,8 @@ A download, a cancel and a deletion are each decided against the state of that m
 orchestrator thread, like every other command: two clicks cannot start two downloads of one
 model, a name already taken on a node is refused before anything is fetched, every target must
 have the disk room first, and a model cannot be deleted while a session uses it or a download
-writes it (nor can a session start on a model being deleted). The answer is the events to apply
+writes it (nor can a session start on, or a preparation copy to, a model being deleted there).
+The answer is the events to apply
 and the effects (I/O, `effects.EffectRunner`) to run.
 """
 

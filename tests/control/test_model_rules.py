@@ -12,7 +12,7 @@ from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control import events as ev
 from orchestrator.control.commands import (CancelDownload, CommandRefused, DeleteModel, DownloadModel,
-                                           LaunchSingle, ResumeDownload)
+                                           LaunchSingle, PrepareModel, ResumeDownload)
 from orchestrator.control.decide import decide
 from orchestrator.control.download_events import ModelDeletionFinished, ModelDownloadFinished
 from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
@@ -135,6 +135,8 @@ def test_a_deletion_blocks_a_second_one_and_any_session_of_that_model_there_unti
         decide(state, DeleteModel(MODEL, "n1"))
     with pytest.raises(CommandRefused, match="smol is being deleted from node-b"):
         decide(state, LaunchSingle(MODEL, "n1", "s9", 1.0))
+    with pytest.raises(CommandRefused, match="smol is being deleted from node-b"):
+        decide(state, PrepareModel(MODEL, ("n0", "n1")))
     assert effect_types(decide(state, LaunchSingle(MODEL, "n0", "s9", 1.0))) == ["StartLaunch"]  # another node
     ended = apply(state, ModelDeletionFinished(model_id=MODEL, node_id="n1", error="409: model_in_use"))
     assert [(x.phase, x.error) for x in ended.deletions] == [("failed", "409: model_in_use")]
