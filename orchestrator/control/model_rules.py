@@ -5,8 +5,7 @@ orchestrator thread, like every other command: two clicks cannot start two downl
 model, a name already taken on a node is refused before anything is fetched, every target must
 have the disk room first, and a model cannot be deleted while a session uses it or a download
 writes it (nor can a session start on, or a preparation copy to, a model being deleted there).
-The answer is the events to apply
-and the effects (I/O, `effects.EffectRunner`) to run.
+The answer is the events to apply and the effects (I/O, `effects.EffectRunner`) to run.
 """
 
 from __future__ import annotations
