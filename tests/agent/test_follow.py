@@ -81,15 +81,19 @@ class _GarbageHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def test_a_peer_list_that_is_not_one_fails_the_copy_without_quoting_it(spawn_agent):
-    b = spawn_agent("b")
-    peer = _Garbage()
+def follow_fake_peer(agent, peer: ThreadingHTTPServer, timeout: float = 60):
+    """`agent` follows model "m" of a stand-in peer to the end; the download's final info."""
     try:
-        b.client.fetch("m", {"kind": "peer", "url": f"http://127.0.0.1:{peer.server_address[1]}",
-                             "ticket": "t" * 32, "follow": True})
-        info = b.client.wait_download("m", 30)
+        agent.client.fetch("m", {"kind": "peer", "url": f"http://127.0.0.1:{peer.server_address[1]}",
+                                 "ticket": "t" * 32, "follow": True})
+        return agent.client.wait_download("m", timeout)
     finally:
         peer.shutdown()
+
+
+def test_a_peer_list_that_is_not_one_fails_the_copy_without_quoting_it(spawn_agent):
+    b = spawn_agent("b")
+    info = follow_fake_peer(b, _Garbage(), 30)
     assert info.state == "failed" and info.error_code == "peer_error", info
     assert info.error == "the peer's list of verified files is malformed"
     assert not (b.models_dir / "m").exists()
@@ -148,13 +152,7 @@ def test_a_followed_peer_cannot_vouch_for_its_own_bytes_with_block_digests(spawn
     bad[len(bad) // 2] ^= 0xFF
     damaged[big] = bytes(bad)
     b = spawn_agent("b")
-    peer = _Liar(genuine, damaged)
-    try:
-        b.client.fetch("m", {"kind": "peer", "url": f"http://127.0.0.1:{peer.server_address[1]}",
-                             "ticket": "t" * 32, "follow": True})
-        info = b.client.wait_download("m", 60)
-    finally:
-        peer.shutdown()
+    info = follow_fake_peer(b, _Liar(genuine, damaged))
     assert info.state == "failed" and info.error_code == "mismatch", info
     assert big in info.error, info
     assert not (b.models_dir / "m").exists()
