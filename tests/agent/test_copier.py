@@ -148,6 +148,19 @@ def run_copy(job: Job, src: PeerSource, files_dir: Path) -> threading.Thread:
     return t
 
 
+def resume_copy(peers: list[RangePeer], manifest: Manifest, files: Path, model: Path):
+    """Let the peers send again and run the copy anew to the end (it resumes what is on disk);
+    every file must then equal the model's. Its job's info."""
+    for p in peers:
+        p.budget = None
+    again = Job(MODEL, "peer", "k", manifest)
+    t = run_copy(again, source(peers), files)
+    t.join(60)
+    assert not t.errors, t.errors
+    assert sha256sums(files) == sha256sums(model)
+    return again.info()
+
+
 def test_plan_ranges_shares_the_rest_after_the_written_prefix(monkeypatch):
     monkeypatch.setattr(parts, "SPLIT_MIN", 10)
     assert parts.plan_ranges(100, 0, 1) == [[0, 100, 0]]
@@ -196,14 +209,7 @@ def test_a_cancelled_ranged_copy_resumes_every_range(monkeypatch, peers, transfe
     assert sidecars  # ranges recorded with what each had written
     before = job.info().transferred_bytes
 
-    for p in peers:
-        p.budget = None
-    again = Job(MODEL, "peer", "k", manifest)
-    t = run_copy(again, source(peers), files)
-    t.join(60)
-    assert not t.errors, t.errors
-    assert sha256sums(files) == sha256sums(transfer_model)
-    info = again.info()
+    info = resume_copy(peers, manifest, files, transfer_model)
     assert info.resumed_bytes > 0 and info.transferred_bytes <= manifest.total_bytes - info.resumed_bytes + (1 << 20)
     # What was in flight when the copy was cancelled (received, not yet hashed and recorded:
     # the hashing threads lag on a loaded machine) is fetched again; the rest is not.
@@ -329,14 +335,7 @@ def test_a_resumed_block_copy_checks_what_landed_before_and_fetches_only_the_res
         f.seek(flip)
         f.write(bytes([b[0] ^ 0xFF]))
 
-    for p in peers:
-        p.budget = None
-    again = Job(MODEL, "peer", "k", manifest)
-    t = run_copy(again, source(peers), files)
-    t.join(60)
-    assert not t.errors, t.errors
-    assert sha256sums(files) == sha256sums(transfer_model)
-    info = again.info()
+    info = resume_copy(peers, manifest, files, transfer_model)
     assert info.resumed_bytes > 0
     k = flip // MIB
     block = min(MIB, manifest.files[rel].size - k * MIB)
