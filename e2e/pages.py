@@ -118,9 +118,17 @@ def enable_distributed_serving(page: Page, ports: tuple[int, int] | None = None)
 def add_node(page: Page, name: str, address: str, token: str) -> None:
     """Add node `name` by its address and pairing token; wait until the Nodes card says Reachable."""
     page.get_by_label("Address", exact=True).fill(address)
+    _submit_add_node(page, name, token)
+
+
+def _submit_add_node(page: Page, name: str, token: str) -> None:
+    """Type the token into the filled Add node form, submit it, and wait for both answers: the
+    form's own (a fresh, empty form) and the live Nodes card saying Reachable. The card's push
+    can come first; typing the next node before the form's answer lands would be wiped by it."""
     page.get_by_label("Pairing token", exact=True).fill(token)
     page.get_by_role("button", name="Add node").click()
     # pairing and the first report are two agent calls: seconds on a loaded machine
+    expect(page.get_by_label("Address", exact=True)).to_have_value("", timeout=LIVE)
     expect(node_entry(page, name)).to_contain_text("Reachable", timeout=LIVE)
 
 
@@ -141,10 +149,7 @@ def add_discovered_node(page: Page, name: str, address: str, token: str, timeout
         pytest.fail(f"discovery did not list {name} ({address}) within {timeout_ms / 1000:g} s", pytrace=False)
     register.click()
     expect(page.get_by_label("Address", exact=True)).to_have_value(address)
-    page.get_by_label("Pairing token", exact=True).fill(token)
-    page.get_by_role("button", name="Add node").click()
-    # pairing and the first report are two agent calls: seconds on a loaded machine
-    expect(node_entry(page, name)).to_contain_text("Reachable", timeout=LIVE)
+    _submit_add_node(page, name, token)
 
 
 def prepare_and_launch(page: Page, healthy_within_ms: float) -> None:

@@ -2,10 +2,10 @@
 
 Pure part: `with_performance` adds each node's timing of the model and its measured links
 (keyed by the registry's node ids) to the planner's NodeFacts; `missing` says what a plan
-over some nodes still lacks. I/O part: `measure` has every selected agent probe the others
-(each peer mints a probe ticket for that and nothing else), has one node that holds the
-model time its layers, then refreshes those nodes' reports; `refresh_after_preview` runs it
-after a preview and previews again when something new arrived.
+over some nodes still lacks. I/O part: `measure_links` has every selected agent probe the
+others (each peer mints a probe ticket for that and nothing else), `time_layers` has one node
+that holds the model time its layers; `refresh_after_preview` runs them after a preview and,
+after each, refreshes those nodes' reports and previews again.
 """
 
 from __future__ import annotations
@@ -69,31 +69,31 @@ def holds(node: Node, model_id: str) -> bool:
     return node.report is not None and any(m.id == model_id for m in node.report.models)
 
 
-def measure(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str | None, links: bool,
-            post: Callable[[ev.Event], None], log: Any = None) -> bool:
-    """Measure links between `nodes` (when `links`) and time `model_id` on one node holding
-    it (when given); then post fresh reports. True when anything was measured."""
-    did = False
-    if links and len(nodes) > 1:
-        tickets = {n.id: agents[n.id].links_ticket(LINK_TTL_S) for n in nodes}
-        for a in nodes:
-            peers = [{"node_id": b.id, "name": b.name, "url": b.url, "ticket": tickets[b.id]} for b in nodes if b is not a]
-            agents[a.id].measure_links(peers, interval_s=LINK_INTERVAL_S)
-        did = True
-    holder = next((n for n in nodes if model_id and holds(n, model_id)), None)
-    if holder is not None and model_id:
-        client = agents[holder.id]
-        status = client.profile(model_id, start=True)
-        deadline = time.monotonic() + PROFILE_TIMEOUT_S
-        while status.state == "running" and time.monotonic() < deadline:
-            time.sleep(0.5)
-            status = client.profile(model_id)
-        did = did or status.state == "done"
-        if status.state == "failed" and log is not None:
-            log.warning("perf.profile_failed", node=holder.name, model=model_id, reason=status.error)
-    for n in nodes:
-        post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
-    return did
+def measure_links(agents: dict[str, AgentClient], nodes: Sequence[Node]) -> bool:
+    """Have every node probe the others (each peer mints a probe ticket); True when measured."""
+    if len(nodes) < 2:
+        return False
+    tickets = {n.id: agents[n.id].links_ticket(LINK_TTL_S) for n in nodes}
+    for a in nodes:
+        peers = [{"node_id": b.id, "name": b.name, "url": b.url, "ticket": tickets[b.id]} for b in nodes if b is not a]
+        agents[a.id].measure_links(peers, interval_s=LINK_INTERVAL_S)
+    return True
+
+
+def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str, log: Any = None) -> bool:
+    """Have one node that holds `model_id` time its layers (waits for it); True when it did."""
+    holder = next((n for n in nodes if holds(n, model_id)), None)
+    if holder is None:
+        return False
+    client = agents[holder.id]
+    status = client.profile(model_id, start=True)
+    deadline = time.monotonic() + PROFILE_TIMEOUT_S
+    while status.state == "running" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = client.profile(model_id)
+    if status.state == "failed" and log is not None:
+        log.warning("perf.profile_failed", node=holder.name, model=model_id, reason=status.error)
+    return status.state == "done"
 
 
 def lacking(state: State, model_id: str, node_ids: Sequence[str]) -> tuple[bool, bool]:
@@ -105,22 +105,28 @@ def lacking(state: State, model_id: str, node_ids: Sequence[str]) -> tuple[bool,
 
 def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[str], links: bool, timing: bool,
                           again: Callable[[], None]) -> None:
-    """After a preview (a worker): measure what the plan lacked (`decide` said which), wait for
-    the fresh reports to be applied, then `again` previews it once more (only if it is still
-    the plan shown, `decide` checks) so every viewer sees the prediction."""
+    """After a preview (a worker): measure what the plan lacked (`decide` said which) and, after
+    each part, post the nodes' fresh reports, wait until they are applied and have `again`
+    preview the plan once more (only if it is still the one shown, `decide` checks). The links
+    take a second and show at once; timing the layers takes longer and follows."""
     state: State = orch.state
     nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
-    try:
-        agents = {n.id: orch.agent(n.id) for n in nodes}
-        if len(nodes) != len(node_ids) or any(a is None for a in agents.values()):
-            return
-        if not measure(agents, nodes, model_id if timing else None, links, orch.post, orch.log):  # type: ignore[arg-type]
-            return
-    except AgentError as exc:
-        orch.log.warning("perf.measure_failed", reason=exc.message)
+    agents = {n.id: orch.agent(n.id) for n in nodes}
+    if len(nodes) != len(node_ids) or any(a is None for a in agents.values()):
         return
-    deadline = time.monotonic() + 5
-    while missing([orch.state.node(n.id) or n for n in nodes], model_id) == (links, timing) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
-    again()
+    parts = [(0, lambda: measure_links(agents, nodes))] if links else []  # type: ignore[arg-type]
+    if timing:
+        parts.append((1, lambda: time_layers(agents, nodes, model_id, orch.log)))  # type: ignore[arg-type]
+    for which, run in parts:
+        try:
+            if not run():
+                continue
+            for n in nodes:
+                orch.post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
+        except AgentError as exc:
+            orch.log.warning("perf.measure_failed", reason=exc.message)
+            return
+        deadline = time.monotonic() + 5
+        while missing([orch.state.node(n.id) or n for n in nodes], model_id)[which] and time.monotonic() < deadline:
+            time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
+        again()
