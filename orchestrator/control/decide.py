@@ -181,9 +181,9 @@ def _preview(state: State, model_id: str, node_ids: tuple[str, ...], context_len
 def _preview_plan(state: State, c: PreviewPlan) -> Decision:
     """The preview; measuring follows when the nodes lack links or timings of the model."""
     shown = state.plan
-    if c.only_if_shown and (shown is None or shown.model_id != c.model_id
-                            or set(shown.node_ids) != set(c.node_ids)):
-        return Decision()  # another plan is on screen now: it stays
+    if c.only_if_shown and (shown is None or shown.model_id != c.model_id or set(shown.node_ids) != set(c.node_ids)
+                            or shown.context_length != c.context_length):
+        return Decision()  # another plan is on screen now (another model, nodes or context length): it stays
     preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split)
     links, timing = lacking(state, c.model_id, c.node_ids) if c.measure else (False, False)
     if not (links or timing):

@@ -123,6 +123,8 @@ ACCEPTED = [
      [], []),
     ("no preview again when none is shown", BASE, PreviewPlan(MODEL, ("n0",), measure=False, only_if_shown=True),
      [], []),
+    ("no preview again once the same nodes are shown at another context length", SHOWN,
+     PreviewPlan(MODEL, ("n0", "n1"), context_length=2048, measure=False, only_if_shown=True), [], []),
     ("launch a cluster", PREPARED, LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0),
      ["plan_previewed", "session_created"], ["StartLaunch"]),
     ("launch on one node", BASE, LaunchSingle(MODEL, "n0", "s2", 5.0), ["session_created"], ["StartLaunch"]),
