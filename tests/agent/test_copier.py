@@ -148,6 +148,20 @@ def run_copy(job: Job, src: PeerSource, files_dir: Path) -> threading.Thread:
     return t
 
 
+def cancel_midway(peers: list[RangePeer], manifest: Manifest, files: Path) -> Job:
+    """Start a copy, let a few MiB through (then every peer's stream holds: the peers count, not
+    a race), cancel it once 6 MB arrived; the cancelled job."""
+    job = Job(MODEL, "peer", "k", manifest)
+    for p in peers:
+        p.budget = 3_000_000
+    t = run_copy(job, source(peers), files)
+    wait_until(lambda: job.info().transferred_bytes >= 6_000_000, 30, message="6 MB received")
+    job.cancel.set()
+    t.join(30)
+    assert t.errors and isinstance(t.errors[0], Cancelled)
+    return job
+
+
 def resume_copy(peers: list[RangePeer], manifest: Manifest, files: Path, model: Path):
     """Let the peers send again and run the copy anew to the end (it resumes what is on disk);
     every file must then equal the model's. Its job's info."""
@@ -197,14 +211,7 @@ def test_a_cancelled_ranged_copy_resumes_every_range(monkeypatch, peers, transfe
     manifest = manifest_of(transfer_model)
     files = tmp_path / "work" / "files"
     files.mkdir(parents=True)
-    job = Job(MODEL, "peer", "k", manifest)
-    for p in peers:  # a few MiB go through, then every stream holds (the peers count, not a race)
-        p.budget = 3_000_000
-    t = run_copy(job, source(peers), files)
-    wait_until(lambda: job.info().transferred_bytes >= 6_000_000, 30, message="6 MB received")
-    job.cancel.set()
-    t.join(30)
-    assert t.errors and isinstance(t.errors[0], Cancelled)
+    job = cancel_midway(peers, manifest, files)
     sidecars = list((tmp_path / "work" / "ranges").rglob("*.json"))
     assert sidecars  # ranges recorded with what each had written
     before = job.info().transferred_bytes
@@ -315,14 +322,7 @@ def test_a_resumed_block_copy_checks_what_landed_before_and_fetches_only_the_res
     manifest = with_blocks(manifest_of(transfer_model), transfer_model)
     files = tmp_path / "work" / "files"
     files.mkdir(parents=True)
-    job = Job(MODEL, "peer", "k", manifest)
-    for p in peers:  # a few MiB go through, then every stream holds
-        p.budget = 3_000_000
-    t = run_copy(job, source(peers), files)
-    wait_until(lambda: job.info().transferred_bytes >= 6_000_000, 30, message="6 MB received")
-    job.cancel.set()
-    t.join(30)
-    assert t.errors and isinstance(t.errors[0], Cancelled)
+    cancel_midway(peers, manifest, files)
     # While the copy is paused, one landed byte of a ranged file rots on disk: the resumed
     # copy must not trust what it wrote before.
     sidecar, (start, _, written) = next((sc, r) for sc in (tmp_path / "work" / "ranges").rglob("*.json")
