@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2e.fault_stack import Stack  # noqa: E402
+from e2e.fault_stack import Stack
 
 
 class Steps:
@@ -123,7 +123,8 @@ def main() -> int:
     print(f"\ncold launch (2 stages + coordinator + router), median of {len(colds)}: {cold:.2f} s "
           f"(min {min(colds):.2f}, max {max(colds):.2f})")
     print("  steps: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in cold_steps.items()))
-    print("\n| killed (kill -9) | kill -> Healthy, median | min | max | kill -> fault seen | vs cold launch | target <= 0.4 |")
+    print("\n| killed (kill -9) | kill -> Healthy, median | min | max | kill -> fault seen | vs cold launch "
+          "| target <= 0.4 |")
     print("|---|---|---|---|---|---|---|")
     for victim, med, lo, hi, det in rows:
         ratio = med / cold

@@ -39,10 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from e2e.chaos_clients import Clients, Monitor, solo_answers  # noqa: E402
-from e2e.fault_stack import AGENT_STARTUP_TIMEOUT_S, MODEL_ID, Stack  # noqa: E402
-from orchestrator import logs  # noqa: E402
-from orchestrator.proc import marked_processes, port_free  # noqa: E402
+from e2e.chaos_clients import Clients, Monitor, solo_answers
+from e2e.fault_stack import AGENT_STARTUP_TIMEOUT_S, MODEL_ID, Stack
+from orchestrator import logs
+from orchestrator.proc import marked_processes, port_free
 
 # Before "no fault seen" is concluded: a frozen stage is declared lost after the coordinator's
 # 3 s ping timeout, a frozen coordinator after the watcher's 1 s /health timeout.
@@ -210,9 +210,11 @@ def report(args, load: tuple[float, float], cold: float, target: float, run: Run
     violations = list(monitor.violations) + t.mismatches + left
     violations += [f"fault {i + 1} ({f.kind} {f.target}): {f.outcome}" for i, f in enumerate(run.faults)
                    if f.outcome in ("NOT RECOVERED", "NOT CLEANLY STOPPED")]
-    violations += [f"fault {i + 1} ({f.kind} {f.target}): healthy again after {f.seconds:.1f} s > target "
-                   f"{target_of(f, target):.1f} s" for i, f in enumerate(run.faults)
-                   if f.outcome == "recovered" and f.seconds and f.seconds > target_of(f, target)]
+    late = [f"fault {i + 1} ({f.kind} {f.target}): healthy again after {f.seconds:.1f} s > target "
+            f"{target_of(f, target):.1f} s" for i, f in enumerate(run.faults)
+            if f.outcome == "recovered" and f.seconds and f.seconds > target_of(f, target)]
+    if args.time_targets == "enforce":
+        violations += late
     print(f"\n## Chaos run: {elapsed:.0f} s, {args.clients} streaming clients, seed {args.seed}")
     print(f"\nload average (1 min) {load[0]:.1f} at the start, {load[1]:.1f} at the end, on {os.cpu_count()} cores; "
           f"cold launch {cold:.1f} s, recovery target {target:.1f} s\n")
@@ -231,6 +233,10 @@ def report(args, load: tuple[float, float], cold: float, target: float, run: Run
     print(f"\ninvariant violations: {len(violations)}")
     for v in violations:
         print(f"- {v}")
+    if late and args.time_targets == "report":
+        print("recovery times over the target (reported, not counted: --time-targets report):")
+        for v in late:
+            print(f"- {v}")
     return violations
 
 
@@ -247,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=6, help="how many of the prompt cases to use (smoke: fewer)")
     parser.add_argument("--stall-bound", type=float, default=20.0)
     parser.add_argument("--min-target", type=float, default=5.0)
+    parser.add_argument("--time-targets", choices=("enforce", "report"), default="enforce",
+                        help="count a recovery slower than its target as a violation, or only report it "
+                             "(the smoke test: a measured time on a loaded machine is not a failure)")
     args = parser.parse_args(argv)
     kinds = [k for k in args.faults.split(",") if k]
     assert all(k in FAULTS for k in kinds + [k for k in args.sequence.split(",") if k]), FAULTS

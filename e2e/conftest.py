@@ -19,14 +19,19 @@ from pathlib import Path
 
 import pytest
 import requests
-from playwright.sync_api import Browser, BrowserContext, Page
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
+from e2e.pages import ACTION_MS
+from orchestrator import settings
 from orchestrator.agent.client import AgentClient
-from orchestrator.agent.local import LocalAgent
+from orchestrator.agent.local_agent import LocalAgent
 from orchestrator.demo_stack import Demo, DemoError
 from orchestrator.proc import free_port, free_port_block, marked_processes
 
-CHROMIUM = os.environ.get("PIPESERVE_CHROMIUM", "/usr/bin/chromium")
+# One layer timing each on this busy machine, as in tests/conftest.py (PIPESERVE_TIMING_TRIES).
+os.environ.setdefault("PIPESERVE_TIMING_TRIES", "1")
+
+CHROMIUM = settings.CHROMIUM.read()
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 800}  # laptop width
@@ -36,6 +41,13 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts" / "e2e"
 # --- ordered steps -------------------------------------------------------------------------
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The screenshots of an earlier run go once, in the main process (not in each xdist worker,
+    # which would delete another worker's shots).
+    if not hasattr(config, "workerinput") and ARTIFACTS.exists():
+        shutil.rmtree(ARTIFACTS)
+    # An expectation without its own timeout waits as long as an action does: Playwright's 5 s
+    # default was short for an answer on a loaded machine (another suite beside this one).
+    expect.set_options(timeout=ACTION_MS)
     config.addinivalue_line("markers", "incremental(package=False): ordered steps; after a failed step the rest "
                                        "of the module (with package=True: of the package's walk) is skipped")
 
@@ -216,7 +228,9 @@ class BrowserUser:
 def browser_user(browser: Browser) -> Iterator[BrowserUser]:
     """One person at a laptop-sized window, until the block ends."""
     context = browser.new_context(viewport=VIEWPORT)
-    context.set_default_timeout(15_000)
+    context.set_default_timeout(ACTION_MS)
+    # a person who confirms what they asked for: Stop, Cancel and Delete ask first (hx-confirm)
+    context.on("page", lambda page: page.on("dialog", lambda dialog: dialog.accept()))
     try:
         yield BrowserUser(context, context.new_page())
     finally:
@@ -258,10 +272,8 @@ stack, browser, admin, viewer = walk_fixtures("module")
 
 @pytest.fixture(scope="session")
 def shots() -> "Shots":
-    """Screenshots of each step, under artifacts/e2e/ (emptied first)."""
-    if ARTIFACTS.exists():
-        shutil.rmtree(ARTIFACTS)
-    ARTIFACTS.mkdir(parents=True)
+    """Screenshots of each step, under artifacts/e2e/ (emptied at the start of a run)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # emptied once per run, by pytest_configure
     return Shots(ARTIFACTS)
 
 

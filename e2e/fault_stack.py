@@ -15,7 +15,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from orchestrator.agent.local import LocalAgent
+from orchestrator.agent.local_agent import LocalAgent
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Session, Settings

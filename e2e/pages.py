@@ -13,10 +13,25 @@ from collections.abc import Iterable
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from orchestrator.agent.local import LocalAgent
+from orchestrator.agent.local_agent import LocalAgent
 
 DISCOVERY_MS = 30_000  # zeroconf lists a node within this on a loaded machine
 LIVE = 20_000  # ms: a pushed change shows up well within this, without a reload, on a loaded machine
+ACTION_MS = 15_000  # a click's answer, or any expectation not named otherwise (Playwright's own: 5 s)
+# How long the slow steps of a walk may take on a loaded 2-core machine (ms), named once here:
+LAUNCH_MS = 180_000  # a launch (stages, coordinator probe, router) until Healthy, or a stop until Stopped
+PREPARE_MS = 180_000  # a model copied to every selected node and verified ("Present", "ready to launch")
+ANSWER_MS = 90_000  # a chat answer streamed back through the router
+SETTLE_MS = 60_000  # a slower pushed change: a copy verified, a session gone, a refusal shown
+# The same, in seconds, for `wait_until` on the control plane's or the router's own state:
+SAVED_S = 10  # what the control plane does at once: a setting saved, a session recorded, a bar re-drawn
+LIVE_S = LIVE / 1000  # a pushed or reported change
+ROUTER_S = 30  # the router lists or drops a model (its health checks, on a loaded machine)
+PROCESSES_S = 30  # every engine process ended after a stop
+CANCELLED_S = 30  # the coordinator cancelled a reply its client stopped
+STOPPED_S = SETTLE_MS / 1000  # a session stopped and gone
+RECOVERED_S = 120  # a failed stage replaced and the session healthy again
+HEALTHY_S = LAUNCH_MS / 1000  # a launch until healthy
 
 
 def nav(page: Page, name: str) -> None:
@@ -156,6 +171,6 @@ def prepare_and_launch(page: Page, healthy_within_ms: float) -> None:
     """Prepare on all nodes, then Launch cluster once the model is ready everywhere; wait until
     the cluster monitor's badge says Healthy."""
     page.get_by_role("button", name="Prepare on all nodes").click()
-    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
+    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=PREPARE_MS)
     page.get_by_role("button", name="Launch cluster").click()
     expect(badge(page, "Healthy")).to_be_visible(timeout=healthy_within_ms)

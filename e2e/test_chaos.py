@@ -1,6 +1,7 @@
-"""The chaos run's smoke version (e2e/chaos.py; the full run is a script, README "Chaos run"):
+"""The chaos run's smoke version (e2e/chaos.py; the full run is a script, docs/recovery.md, "Chaos run"):
 two streaming clients through the router while a stage is killed and the control plane
-restarts; every invariant must hold (zero violations)."""
+restarts; every invariant about behaviour must hold (zero violations). How long a recovery
+took is printed, not asserted: measured times belong to the full run and e2e/bench_recovery.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from e2e import chaos
 def test_chaos_smoke_two_faults_no_invariant_violated(capsys):
     started = time.monotonic()
     code = chaos.main(["--clients", "2", "--cases", "2", "--sequence", "kill-stage,restart-control",
-                       "--gap", "0.5", "1", "--hold", "1", "1", "--seed", "7"])
+                       "--gap", "0.5", "1", "--hold", "1", "1", "--seed", "7", "--time-targets", "report"])
     out = capsys.readouterr().out
     print(out)
     assert code == 0, out

@@ -19,7 +19,20 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from e2e.conftest import browser_user
-from e2e.pages import add_node, enable_distributed_serving, log_in, nav, node_toggle
+from e2e.pages import (
+    ANSWER_MS,
+    LAUNCH_MS,
+    PREPARE_MS,
+    ROUTER_S,
+    SAVED_S,
+    SETTLE_MS,
+    STOPPED_S,
+    add_node,
+    enable_distributed_serving,
+    log_in,
+    nav,
+    node_toggle,
+)
 from orchestrator.proc import wait_until
 from tests.support.hub import HubStandIn, repo_from_dir
 
@@ -31,7 +44,7 @@ LIVE = 20_000  # ms
 @pytest.fixture(scope="module", autouse=True)
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
     """The Hub stand-in, in the environment before the stack's agents start (they inherit it)."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     model = make_test_model(tmp_path_factory.mktemp("hub-model") / "model", layers=4, hidden=128)
     h = HubStandIn({"org/tiny": repo_from_dir(model), "org/tiny2": repo_from_dir(model, "2")}).start()
@@ -64,7 +77,7 @@ def test_1_log_in_and_register_three_nodes(stack, admin, shots):
     page = admin.page
     log_in(page, stack.url + "/login", stack.demo.admin_token)
     enable_distributed_serving(page, stack.transport)
-    wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings saved")
+    wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], SAVED_S, message="the settings saved")
     nav(page, "Models")
     page.get_by_role("tab", name="Local").click()
     page.wait_for_load_state()
@@ -113,7 +126,7 @@ def test_2_list_the_hub_files_then_download_to_one_node(stack, admin, hub, shots
     expect(row).to_contain_text("left", timeout=LIVE)  # rate and time left while it runs
     shots(page, "m02b-downloading")
     hub.rate_bps = None
-    expect(row).to_contain_text("Verified", timeout=60_000)
+    expect(row).to_contain_text("Verified", timeout=SETTLE_MS)
     expect(row).to_contain_text("hub org/tiny")
     expect(model_row(page, "tiny")).to_contain_text("node-b", timeout=LIVE)
     expect(model_row(page, "tiny")).to_contain_text("Verified")
@@ -131,8 +144,8 @@ def test_3_serve_on_that_node_chat_and_stop(stack, admin, shots):
     row = page.locator("#sessions tr.session-row", has_text="tiny-single")
     expect(row).to_be_visible(timeout=LIVE)
     expect(row.get_by_text("Cluster", exact=True)).to_have_count(0)  # one node: no Cluster badge
-    expect(row).to_contain_text("Healthy", timeout=180_000)
-    wait_until(lambda: "tiny" in stack.router_models(), 30, message="the router to list tiny")
+    expect(row).to_contain_text("Healthy", timeout=LAUNCH_MS)
+    wait_until(lambda: "tiny" in stack.router_models(), ROUTER_S, message="the router to list tiny")
     shots(page, "m03a-session")
     nav(page, "Chat")
     picker = page.get_by_label("Model", exact=True)
@@ -140,13 +153,13 @@ def test_3_serve_on_that_node_chat_and_stop(stack, admin, shots):
     picker.select_option("tiny")
     page.get_by_label("Message").fill("Hello there")
     page.get_by_role("button", name="Send").click()
-    expect(page.locator("#chat-log")).to_contain_text("tokens/s", timeout=90_000)
+    expect(page.locator("#chat-log")).to_contain_text("tokens/s", timeout=ANSWER_MS)
     shots(page, "m03b-chat")
     nav(page, "Sessions")
     row = page.locator("#sessions tr.session-row", has_text="tiny-single")
     row.get_by_role("button", name="Stop", exact=True).click()
-    expect(page.locator("#sessions tr.session-row", has_text="tiny-single")).to_have_count(0, timeout=60_000)
-    wait_until(lambda: "tiny" not in stack.router_models(), 30, message="the router to drop tiny")
+    expect(page.locator("#sessions tr.session-row", has_text="tiny-single")).to_have_count(0, timeout=SETTLE_MS)
+    wait_until(lambda: "tiny" not in stack.router_models(), ROUTER_S, message="the router to drop tiny")
 
 
 def test_4_prepare_a_repo_on_two_more_nodes_one_download_then_a_lan_copy(stack, admin, hub, shots):
@@ -160,7 +173,7 @@ def test_4_prepare_a_repo_on_two_more_nodes_one_download_then_a_lan_copy(stack, 
         node_toggle(form, name).check()
     page.get_by_role("button", name="Prepare on all nodes").click()
     prep = page.locator("#prepare-status")
-    expect(prep).to_contain_text("ready to launch", timeout=120_000)
+    expect(prep).to_contain_text("ready to launch", timeout=PREPARE_MS)
     expect(prep.locator("tr[data-node=node-a]")).to_contain_text("downloaded from the hub org/tiny2")
     expect(prep.locator("tr[data-node=node-c]")).to_contain_text("copied over the LAN from node-a")
     assert safetensor_gets(hub, "org/tiny2") == 1  # one hub download for two nodes
@@ -175,10 +188,14 @@ def test_5_launch_the_cluster_from_the_prepared_nodes(stack, admin, shots):
     form.get_by_label(re.compile("^Hub repo")).fill("")
     for name in ("node-a", "node-c"):
         node_toggle(form, name).check()
+    # Launch is for the selection whose shard plan is on screen: preview it first
+    page.get_by_role("button", name="Preview shard plan").click()
+    expect(page.locator("#plan-preview")).to_have_attribute("data-model", "tiny2")
+    expect(page.get_by_role("button", name="Launch cluster")).to_be_enabled(timeout=LIVE)
     page.get_by_role("button", name="Launch cluster").click()
     monitor = page.locator("#cluster-monitor")
-    expect(monitor.get_by_text("Healthy", exact=True).first).to_be_visible(timeout=180_000)
-    wait_until(lambda: "tiny2" in stack.router_models(), 30, message="the router to list tiny2")
+    expect(monitor.get_by_text("Healthy", exact=True).first).to_be_visible(timeout=LAUNCH_MS)
+    wait_until(lambda: "tiny2" in stack.router_models(), ROUTER_S, message="the router to list tiny2")
     shots(page, "m05-cluster")
     page.get_by_role("button", name="Stop cluster").click()
-    wait_until(lambda: not stack.api_state()["sessions"], 60, message="the cluster to stop")
+    wait_until(lambda: not stack.api_state()["sessions"], STOPPED_S, message="the cluster to stop")

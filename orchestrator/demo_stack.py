@@ -25,9 +25,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .agent.local import SHARED_HOST_BLAS, LocalAgent
-from .proc import ChildError, ChildProcess, free_port, free_port_block, kill_marked, port_free, stop_all
-from .router.local import LocalRouter
+from orchestrator import settings
+from orchestrator.agent.local_agent import SHARED_HOST_BLAS, LocalAgent
+from orchestrator.proc import ChildError, ChildProcess, free_port, free_port_block, kill_marked, port_free, stop_all
+from orchestrator.router.local import LocalRouter
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 NODE_NAMES = ("node-a", "node-b", "node-c")
@@ -132,7 +133,7 @@ class Demo:
         # die_with_parent: a demo killed with SIGKILL takes its children along (they run in
         # sessions of their own, so Ctrl-C reaches only the demo, which stops them in order).
         child = ChildProcess.spawn(name, argv, self.root / "logs" / f"{name}.log", die_with_parent=True,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
+                                   env={**settings.process_environment(), "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
         self.children.append(child)
         return child
 
@@ -229,13 +230,15 @@ def _pick(port: int, taken: set[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo until Ctrl-C; returns the exit status."""
+    settings.exit_on_bad_settings(program="demo_stack")
     parser = argparse.ArgumentParser(prog="python -m orchestrator.demo_stack", description=__doc__.splitlines()[0])
     parser.add_argument("--dir", type=Path, default=Path(".demo"), help="where node state and logs go (default .demo)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORTS["dashboard"], help="dashboard port (default 8080)")
     parser.add_argument("--router-port", type=int, default=DEFAULT_PORTS["router"], help="router port (default 8000)")
     parser.add_argument("--memory-budget", default=DEFAULT_BUDGET, help=f"per node (default {DEFAULT_BUDGET})")
     parser.add_argument("--upload-limit", default=DEFAULT_UPLOAD_LIMIT,
-                        help=f"bytes/s the first node serves the model at (default {DEFAULT_UPLOAD_LIMIT}; 0: unlimited)")
+                        help=f"bytes/s the first node serves the model at (default {DEFAULT_UPLOAD_LIMIT}; "
+                             "0: unlimited)")
     parser.add_argument("--no-discovery", dest="discovery", action="store_false",
                         help="no zeroconf (nodes are added by address and token only)")
     args = parser.parse_args(argv)
@@ -254,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     taken.update(range(transport[0], transport[1] + 1))
     demo = Demo.on_ports(root, dashboard_port=_pick(args.port, taken), router_port=_pick(args.router_port, taken),
                          agent_ports=[_pick(p, taken) for p in DEFAULT_PORTS["agents"]], transport=transport,
-                         budget=args.memory_budget, upload_limit=None if args.upload_limit in ("0", "") else args.upload_limit,
+                         budget=args.memory_budget,
+                         upload_limit=None if args.upload_limit in ("0", "") else args.upload_limit,
                          discovery=args.discovery)
     leftovers = demo.clean()
     if leftovers:
@@ -324,7 +328,8 @@ Walk-through:
   5. "Prepare on all nodes" copies the model from {demo.nodes[0].name} to the others; then "Launch cluster".
   6. Chat: pick {MODEL_ID}, ask "What is the capital of France?".
      Or: curl -s {demo.router_url}/v1/chat/completions -H 'Content-Type: application/json' \\
-           -d '{{"model": "{MODEL_ID}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "temperature": 0}}'
+           -d '{{"model": "{MODEL_ID}", "temperature": 0,
+                "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
 Logs: {demo.root / 'logs'}    Press Ctrl-C to stop everything.
 """

@@ -10,6 +10,9 @@ import logging
 import sys
 import time
 
+from orchestrator import settings
+from orchestrator.log_limits import LimitedHandler
+
 
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -34,8 +37,8 @@ class EventLogger:
         self._logger = logging.getLogger(f"pipeserve.{name}")
         self.name = name
 
-    def _log(self, level: int, event: str, exc_info: bool, fields: dict[str, object]) -> None:
-        self._logger.log(level, event, exc_info=exc_info, extra={"fields": fields})
+    def _log(self, level: int, event: str, exc_info: bool, fields: dict[str, object], key: str | None = None) -> None:
+        self._logger.log(level, event, exc_info=exc_info, extra={"fields": fields, "collapse_key": key})
 
     def info(self, event: str, **fields: object) -> None:
         """Log an event at INFO."""
@@ -45,14 +48,21 @@ class EventLogger:
         """Log an event at WARNING."""
         self._log(logging.WARNING, event, False, fields)
 
+    def throttled(self, event: str, key: str = "", level: int = logging.WARNING, **fields: object) -> None:
+        """A line that may repeat in a flood (a refusal, a failed request): collapsed by (event, key)
+        like every warning, at any level (see log_limits: a few per 10 s, then one summary)."""
+        self._log(level, event, False, fields, key)
+
     def error(self, event: str, exc_info: bool = False, **fields: object) -> None:
         """Log an event at ERROR (with the current traceback when exc_info)."""
         self._log(logging.ERROR, event, exc_info, fields)
 
 
 def setup(process_name: str, level: str = "INFO") -> EventLogger:
-    """Configure stderr logging for a process once, at its entry point; returns its logger."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Configure stderr logging for a process once, at its entry point; returns its logger. Repeated
+    lines are collapsed and, when stderr is the file `PIPESERVE_LOG_FILE` names, it is rotated past
+    `PIPESERVE_LOG_MAX_BYTES` (orchestrator/log_limits.py)."""
+    handler = LimitedHandler(sys.stderr, settings.LOG_FILE.read(), settings.LOG_MAX_BYTES.read())
     handler.setFormatter(_Formatter())
     root = logging.getLogger("pipeserve")
     root.handlers[:] = [handler]

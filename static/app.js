@@ -17,8 +17,17 @@ document.body.addEventListener("htmx:wsClose", (e) => {
   }
 });
 
-// A link shown once is selected on click, ready to copy (no inline handlers: see the CSP).
-document.addEventListener("click", (e) => { if (e.target.matches?.("input.copy")) e.target.select(); });
+// A link shown once is selected on click, ready to copy (no inline handlers: see the CSP); its
+// Copy button copies it (the clipboard API needs https or localhost: else the selection's copy).
+document.addEventListener("click", async (e) => {
+  if (e.target.matches?.("input.copy")) e.target.select();
+  const button = e.target.closest?.("[data-copy]");
+  const field = button && document.querySelector(button.dataset.copy);
+  if (!field) return;
+  field.select();
+  try { await navigator.clipboard.writeText(field.value); } catch (err) { document.execCommand("copy"); }
+  button.textContent = "Copied";
+});
 
 // The Distributed tab was drawn with distributed serving on or off; when a push says it changed
 // (another admin saved Settings), load the page again so the tab appears or hides.
@@ -61,3 +70,69 @@ document.body.addEventListener("htmx:beforeRequest", (e) => {
   e.detail.elt.closest?.("form, section")?.querySelectorAll(".flash.error").forEach((f) => f.remove());
   document.getElementById("notices")?.replaceChildren();
 });
+
+// One selection on the Distributed page. The Shard plan and Preparation cards are shared (every
+// viewer sees the last ones) and say which model, nodes and context they are of; beside another
+// choice in this page's form they are marked stale (their note says for what), and Launch is
+// disabled at once until the server's answer for the new choice (views/cluster.choice_view) lands.
+function chosenSelection() {
+  const form = document.getElementById("cluster-selection");
+  if (!form) return null;
+  return {
+    model: form.querySelector("#model")?.value || "",
+    nodes: [...form.querySelectorAll("input[name=nodes]:checked")].map((n) => n.value),
+    context: form.querySelector("#context_length")?.value || "",
+  };
+}
+function markStale() {
+  const chosen = chosenSelection();
+  if (!chosen) return;
+  for (const id of ["plan-preview", "prepare-status"]) {
+    const card = document.getElementById(id);
+    if (!card || !card.dataset.model) continue;
+    const theirs = card.dataset.nodes.split(",").filter(Boolean);
+    const sameNodes = card.dataset.covers  // a preparation of more nodes covers a subset
+      ? chosen.nodes.length > 0 && chosen.nodes.every((n) => theirs.includes(n))
+      : chosen.nodes.length === theirs.length && chosen.nodes.every((n) => theirs.includes(n));
+    const stale = card.dataset.model !== chosen.model || !sameNodes
+      || (card.dataset.context !== undefined && card.dataset.context !== chosen.context);
+    card.classList.toggle("stale", stale);
+    card.querySelector(".stale-note")?.toggleAttribute("hidden", !stale);
+  }
+  // An answer for an earlier choice (a live refresh sent before the last change) must not enable
+  // Launch: the answer for the current one is on its way.
+  const launch = document.getElementById("launch-button");
+  const current = `${chosen.model}|${[...chosen.nodes].sort().join(",")}|${chosen.context}`;
+  if (launch && !launch.disabled && launch.dataset.for !== current) {
+    launch.disabled = true;
+    launch.title = "checking the new selection…";
+    const watch = document.getElementById("selection-watch");
+    if (watch) htmx.trigger(watch, "change");  // ask again for the current choice
+  }
+}
+// A Hub repo typed chooses its model at once (the server says the same: views/cluster.selection_from):
+// what the cards, Prepare and Launch are about never differs from what the Model field shows.
+function chooseHubModel(form, repo) {
+  const id = repo.trim().includes("/") ? repo.trim().split("/").pop() : "";
+  const select = form.querySelector("#model");
+  if (!id || !select) return;
+  if (![...select.options].some((o) => o.value === id)) {
+    select.add(new Option(`${id} — on no node yet: Prepare downloads it from ${repo.trim()}`, id));
+  }
+  select.value = id;
+}
+document.addEventListener("change", (e) => {
+  const form = e.target.closest?.("#cluster-selection");
+  if (!form) return;
+  const changed = form.querySelector("input[name=changed]");
+  if (changed && e.target.name) changed.value = e.target.name;  // read by the request htmx is about to send
+  if (e.target.id === "hub_repo") chooseHubModel(form, e.target.value);
+  const launch = document.getElementById("launch-button");
+  if (launch) { launch.disabled = true; launch.title = "checking the new selection…"; }
+  markStale();
+}, true);
+document.addEventListener("input", (e) => { if (e.target.closest?.("#cluster-selection")) markStale(); });
+document.body.addEventListener("htmx:afterSwap", markStale);
+document.body.addEventListener("htmx:afterSettle", markStale);
+document.body.addEventListener("htmx:oobAfterSwap", markStale);
+markStale();

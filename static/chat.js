@@ -1,14 +1,21 @@
-// Chat: fill the Model picker from the router, stream replies, and measure them.
+// Chat: the Model picker follows what the router serves (live), replies stream in and are
+// measured, Stop cancels one (closing the stream cancels the generation on the coordinator),
+// and tool calls in a reply are shown as such.
 (function () {
   const select = document.getElementById("chat-model");
   const log = document.getElementById("chat-log");
   const form = document.getElementById("chat-form");
   const box = document.getElementById("chat-message");
   const send = document.getElementById("chat-send");
+  const stop = document.getElementById("chat-stop");
+  const maxTokens = document.getElementById("chat-max-tokens");
   const empty = document.getElementById("chat-empty");
   const noModel = document.getElementById("chat-no-model");
+  const gone = document.getElementById("chat-gone");
   const csrf = document.querySelector('meta[name="csrf-token"]').content;
   let history = [];
+  let running = null;  // the AbortController of the reply streaming now
+  let chosen = "";  // the model the user chats with: kept when it is gone, to say so
 
   async function loadModels() {
     let models = [];
@@ -16,17 +23,23 @@
       const r = await fetch(select.dataset.modelsUrl);
       models = (await r.json()).models || [];
     } catch (err) { /* shown as "no model" below */ }
-    const current = select.value;
     select.innerHTML = models.length ? "" : '<option value="">no model is being served</option>';
-    for (const id of models) select.add(new Option(id, id, false, id === current));
+    for (const id of models) select.add(new Option(id, id, false, id === chosen));
     noModel.hidden = models.length > 0;
+    // the model chatted with stopped being served: say so instead of a raw router error on Send
+    const lost = chosen && !models.includes(chosen);
+    gone.hidden = !lost;
+    if (lost) gone.textContent = `${chosen} is no longer served (stopped or gone)` +
+      (models.length ? ": choose another model." : ".");
+    else chosen = select.value;
   }
 
   function bubble(role, text) {
     if (empty) empty.remove();
     const div = document.createElement("div");
     div.className = "msg " + role;
-    div.innerHTML = '<div class="who small"></div><div class="text"></div><div class="progress small muted"></div><div class="stats small muted"></div>';
+    div.innerHTML = '<div class="who small"></div><div class="text"></div><div class="tool-calls" hidden></div>' +
+      '<div class="progress small muted"></div><div class="stats small muted"></div>';
     div.querySelector(".who").textContent = role === "user" ? "You" : select.value;
     div.querySelector(".text").textContent = text;
     log.appendChild(div);
@@ -34,13 +47,52 @@
     return div;
   }
 
+  // Tool calls arrive as OpenAI `tool_calls`: whole in `message`, or in pieces in `delta`
+  // (by index: the first piece has the id and name, later ones add to the arguments).
+  function mergeToolCalls(calls, pieces) {
+    for (const piece of pieces || []) {
+      const at = piece.index ?? calls.length;
+      const call = calls[at] || (calls[at] = { id: "", type: "function", function: { name: "", arguments: "" } });
+      if (piece.id) call.id = piece.id;
+      if (piece.function?.name) call.function.name += piece.function.name;
+      if (piece.function?.arguments) call.function.arguments += piece.function.arguments;
+    }
+    return calls;
+  }
+  function showToolCalls(reply, calls) {
+    const block = reply.querySelector(".tool-calls");
+    block.hidden = calls.length === 0;
+    block.replaceChildren(...calls.filter(Boolean).map((call) => {
+      const item = document.createElement("div");
+      item.className = "tool-call";
+      item.innerHTML = '<div class="small"><span class="badge cluster">Tool call</span> <code class="tool-name"></code></div>' +
+        '<pre class="tool-args"></pre>';
+      item.querySelector(".tool-name").textContent = call.function.name || "(unnamed)";
+      let args = call.function.arguments;
+      try { args = JSON.stringify(JSON.parse(args), null, 2); } catch (err) { /* still streaming, or not JSON */ }
+      item.querySelector(".tool-args").textContent = args;
+      return item;
+    }));
+  }
+
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     const text = box.value.trim();
-    if (!text) return;
+    if (!text || running) return;
     if (!select.value) { noModel.hidden = false; return; }
+    chosen = select.value;
+    gone.hidden = true;
+    const limit = Number(maxTokens.value);
+    if (!Number.isInteger(limit) || limit < 1 || limit > 32768) {
+      maxTokens.setCustomValidity("Max tokens: a whole number between 1 and 32768");
+      maxTokens.reportValidity();
+      return;
+    }
+    maxTokens.setCustomValidity("");
     box.value = "";
     send.disabled = true;
+    stop.hidden = false;
+    running = new AbortController();
     history.push({ role: "user", content: text });
     bubble("user", text);
     const reply = bubble("assistant", "");
@@ -50,14 +102,18 @@
     const progress = reply.querySelector(".progress");
     progress.textContent = "waiting for the first token…";
     const started = performance.now();
-    let first = null, tokens = 0, answer = "";
+    let first = null, tokens = 0, answer = "", calls = [];
     try {
       const r = await fetch(form.dataset.sendUrl, {
-        method: "POST",
+        method: "POST", signal: running.signal,
         headers: { "Content-Type": "application/json", "X-CSRF-Token": csrf },
-        body: JSON.stringify({ model: select.value, messages: history, max_tokens: 256, temperature: 0 }),
+        body: JSON.stringify({ model: select.value, messages: history, max_tokens: limit, temperature: 0 }),
       });
-      if (!r.ok) throw new Error((await r.json().catch(() => ({}))).error?.message || r.statusText);
+      if (!r.ok) {
+        const message = (await r.json().catch(() => ({}))).error?.message || r.statusText;
+        if (r.status === 404) loadModels();  // the model went away: the picker says so
+        throw new Error(message);
+      }
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
       let buffer = "";
@@ -74,43 +130,66 @@
           if (data === "[DONE]") continue;
           const event = JSON.parse(data);
           if (event.error) throw new Error(event.error.message);
-          const piece = event.choices?.[0]?.delta?.content || "";
-          if (piece) {
+          const choice = event.choices?.[0] || {};
+          const pieces = choice.delta?.tool_calls || choice.message?.tool_calls;
+          if (pieces) showToolCalls(reply, mergeToolCalls(calls, pieces));
+          const piece = choice.delta?.content || choice.message?.content || "";
+          if (piece || pieces) {
             if (first === null) first = performance.now();
             tokens += 1;
+          }
+          if (piece) {
             answer += piece;
             out.textContent = answer;
-            progress.textContent = `${tokens} tokens…`;
-            log.scrollTop = log.scrollHeight;
           }
+          progress.textContent = `${tokens} tokens…`;
+          log.scrollTop = log.scrollHeight;
         }
       }
-      history.push({ role: "assistant", content: answer });
-      const seconds = (performance.now() - (first ?? started)) / 1000;
-      const rate = tokens > 1 && seconds > 0 ? ((tokens - 1) / seconds).toFixed(1) : "–";
-      const ttft = first === null ? "–" : Math.round(first - started) + " ms";
-      stats.textContent = `${rate} tokens/s · time to first token ${ttft} · ${tokens} tokens`;
-      stats.dataset.tokensPerSecond = rate;
+      finish(reply, stats, started, first, tokens, answer, calls, "");
     } catch (err) {
-      history.pop();  // the turn failed: do not send it again as context
-      reply.classList.add("error");
-      out.textContent = "Error: " + err.message;
+      if (err.name === "AbortError") {  // Stop: the partial answer stays, and is said to be partial
+        finish(reply, stats, started, first, tokens, answer, calls, "stopped · ");
+        reply.classList.add("stopped");
+      } else {
+        history.pop();  // the turn failed: do not send it again as context
+        reply.classList.add("error");
+        out.textContent = "Error: " + err.message;
+      }
     } finally {
       progress.remove();
       reply.classList.remove("streaming");
       send.disabled = false;
+      stop.hidden = true;
+      running = null;
       box.focus();
     }
   });
 
+  function finish(reply, stats, started, first, tokens, answer, calls, prefix) {
+    const turn = { role: "assistant", content: answer };
+    if (calls.length) turn.tool_calls = calls.filter(Boolean);
+    history.push(turn);
+    const seconds = (performance.now() - (first ?? started)) / 1000;
+    const rate = tokens > 1 && seconds > 0 ? ((tokens - 1) / seconds).toFixed(1) : "–";
+    const ttft = first === null ? "–" : Math.round(first - started) + " ms";
+    stats.textContent = `${prefix}${rate} tokens/s · time to first token ${ttft} · ${tokens} token${tokens === 1 ? "" : "s"}`;
+    stats.dataset.tokensPerSecond = rate;
+  }
+
+  stop.addEventListener("click", () => running?.abort());
+  select.addEventListener("change", () => { chosen = select.value; gone.hidden = true; });
   box.addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); form.requestSubmit(); }
   });
-  document.getElementById("chat-refresh").addEventListener("click", loadModels);
   document.getElementById("chat-clear").addEventListener("click", () => {
+    running?.abort();
     history = [];
     log.replaceChildren();
     box.focus();
   });
+  // a push says the served models may have changed (components/chat_models.html)
+  document.body.addEventListener("htmx:oobAfterSwap", (e) => { if (e.detail.target?.id === "chat-models") loadModels(); });
+  document.body.addEventListener("htmx:wsOpen", loadModels);  // after a reconnect, what changed meanwhile
   loadModels();
 })();

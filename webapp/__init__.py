@@ -1,4 +1,4 @@
-"""The pipeserve dashboard: a Flask app served beside the router (README "Dashboard").
+"""The pipeserve dashboard: a Flask app served beside the router (docs/dashboard.md).
 
 `create_app` only wires things together — no thread starts here or at import; the
 orchestrator is created and started by `pipeserve dashboard` (webapp.main).
@@ -18,8 +18,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from orchestrator.control.core import Orchestrator
-
-    from .authstore import AuthStore
+    from webapp.authstore import AuthStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +43,7 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
                       PERMANENT_SESSION_LIFETIME=timedelta(days=7), MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["pipeserve"] = Services(orchestrator, auth, router_url.rstrip("/"))
 
-    from . import actions, api, chat, guard, live, models_tab, pages
+    from webapp import actions, api, chat, guard, live, models_tab, pages
 
     guard.install(app)
     for bp in (pages.bp, actions.bp, api.bp, chat.bp, models_tab.bp):
@@ -53,7 +52,7 @@ def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> 
 
     @app.context_processor
     def viewer() -> dict:
-        from .services import view_context
+        from webapp.services import view_context
 
         return {"ctx": view_context()}
 

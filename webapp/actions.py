@@ -6,11 +6,12 @@ from __future__ import annotations
 from flask import Blueprint, abort, render_template, request
 
 from orchestrator.control.core import CommandRefused
-
-from .auth import admin_required
-from .components import render
-from .forms import FormError, integer, selection, settings_from
-from .services import current_services, view_context
+from orchestrator.control.selection import hub_conflict
+from webapp.auth import admin_required
+from webapp.components import render
+from webapp.forms import FormError, integer, selection, settings_from
+from webapp.services import current_services, view_context
+from webapp.views.cluster import selection_from
 
 bp = Blueprint("actions", __name__)
 
@@ -141,11 +142,16 @@ def prepare():
     try:
         form, hub = request.form, None
         if (form.get("hub_repo") or "").strip():  # no node has it yet: one hub download, then LAN copies
-            from orchestrator.control.models import default_model_id, parse_hub_ref
+            from orchestrator.control.models import parse_hub_ref
 
             hub = parse_hub_ref(form["hub_repo"])
+            # the hub repo prepares the selected model or none: never a third one behind the cards' back
+            chosen = selection_from(current_services().orchestrator.state, form)
+            conflict = hub_conflict(chosen)
+            if conflict:
+                raise FormError(conflict)
             form = form.copy()
-            form["model"] = default_model_id(hub.repo_id)
+            form["model"] = chosen.model_id or ""
         model, nodes = selection(form)
         current_services().orchestrator.prepare(model, nodes, hub=hub)
     except (FormError, CommandRefused) as exc:

@@ -7,16 +7,15 @@ from typing import Any
 from flask import Blueprint, abort, jsonify, request
 
 from orchestrator.control.state import State
-
-from . import auth
-from .services import current_services
+from webapp import auth
+from webapp.services import current_services
 
 bp = Blueprint("api", __name__)
 
 
 def state_json(state: State) -> dict[str, Any]:
     """The public JSON of a state snapshot (pure)."""
-    from .views.perf import link_matrix
+    from webapp.views.perf import link_matrix
 
     data = state.model_dump(mode="json", exclude={"nodes": {"__all__": {"credential"}}})
     data["links"] = link_matrix(state)  # measured links between every pair of registered nodes

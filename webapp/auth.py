@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from flask import abort, current_app, g, request, session
 
-from .authstore import AuthStore, digest
+from webapp.authstore import AuthStore, digest
 
 __all__ = ["AuthStore", "digest", "login", "logout", "role", "session_key", "csrf_token", "check_csrf",
            "admin_required", "login_required"]

@@ -19,16 +19,26 @@ import hmac
 import json
 import os
 import secrets
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from orchestrator.atomic_write import write_atomically
+
 FILENAME = "auth.json"
 SESSION_LIFETIME_S = 7 * 24 * 3600
-MAX_SESSIONS = 1000  # oldest dropped beyond this: logins cannot grow the file without bound
+# Live sessions per owner (the admin token; each viewer link): the owner's oldest is dropped
+# beyond it, so logins cannot grow the file without bound and no one's logins can end
+# another's session (1,000 visits of a viewer link once logged the admin out).
+MAX_ADMIN_SESSIONS = 100
+MAX_VIEWER_SESSIONS = 64  # per viewer link
+
+
+def _owner(role: str, viewer: str | None) -> str:
+    """Whose a session is: "admin" or "viewer:<link id>" (sessions are capped per owner)."""
+    return "admin" if role == "admin" else f"viewer:{viewer}"
 
 
 def digest(token: str) -> str:
@@ -75,14 +85,7 @@ class AuthStore:
             self._save()
 
     def _save(self) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".auth-")
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, json.dumps(self._data, indent=1).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self._data, indent=1))
         self._stamp = None
         self._refresh()
 
@@ -163,10 +166,14 @@ class AuthStore:
     def open_session(self, role: str, viewer: str | None = None) -> str:
         """A new server-side session id for a role (and the viewer link it came from)."""
         sid, now = secrets.token_urlsafe(24), self._clock()
+        owner = _owner(role, viewer)
+        cap = MAX_ADMIN_SESSIONS if role == "admin" else MAX_VIEWER_SESSIONS
         with self._writing() as data:
             live = {k: s for k, s in data.get("sessions", {}).items() if s["expires"] > now}
-            if len(live) >= MAX_SESSIONS:
-                live = dict(sorted(live.items(), key=lambda kv: kv[1]["expires"])[len(live) - MAX_SESSIONS + 1:])
+            mine = sorted((k for k, s in live.items() if _owner(s["role"], s.get("viewer")) == owner),
+                          key=lambda k: live[k]["expires"])
+            for k in mine[:max(0, len(mine) - cap + 1)]:  # only this owner's oldest make room
+                del live[k]
             live[sid] = {"role": role, "viewer": viewer, "expires": now + SESSION_LIFETIME_S}
             data["sessions"] = live
         return sid
@@ -187,7 +194,7 @@ class AuthStore:
             s = self._read().get("sessions", {}).get(sid)
         if not s or s["expires"] <= self._clock():
             return None
-        return "admin" if s["role"] == "admin" else f"viewer:{s.get('viewer')}"
+        return _owner(s["role"], s.get("viewer"))
 
     def close_session(self, sid: str | None) -> None:
         """End a session (log out)."""

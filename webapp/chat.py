@@ -8,8 +8,8 @@ from typing import Any
 import requests
 from flask import Blueprint, Response, abort, jsonify, request, stream_with_context
 
-from .auth import check_csrf, login_required
-from .services import current_services
+from webapp.auth import check_csrf, login_required
+from webapp.services import current_services
 
 bp = Blueprint("chat", __name__)
 MAX_MESSAGE = 32_000
@@ -56,7 +56,10 @@ def models():
 def send():
     """Forward one chat turn to the router and stream its server-sent events back."""
     check_csrf()
-    body = request.get_json(silent=True)
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:  # `[` x 50,000 once answered 500: nested deeper than the parser follows
+        body = None
     if not isinstance(body, dict):
         abort(400, description="send the chat turn as a JSON object")
     model, messages = body.get("model"), body.get("messages")

@@ -17,10 +17,8 @@ from flask import render_template
 
 from orchestrator.control.events import kinds_touching
 from orchestrator.control.state import State
-
-from .views import cluster, models, nodes, plan, sessions, settings
-from .views.context import ViewContext
-
+from webapp.views import cluster, models, nodes, plan, sessions, settings
+from webapp.views.context import ViewContext
 
 
 @dataclass(frozen=True)
@@ -63,10 +61,14 @@ COMPONENTS: tuple[Component, ...] = (
     Component("sessions", "components/sessions.html", sessions.sessions_view, live=True),
     # Models → Local: the models on every node, the hub download form (not live) and its progress
     Component("local-models", "components/local_models.html", models.models_view, live=True),
+    # what Serve on this node starts with (not live: a push never replaces what is typed)
+    Component("serve-settings", "components/serve_settings.html", models.serve_settings_view),
     Component("download-form", "components/download_form.html", models.download_form_view),
     # the nodes the download form offers changed: the form's node toggles are fetched again, with the user's input
     Component("download-options", "components/download_options.html", models.download_options_view, live=True),
     Component("model-downloads", "components/model_downloads.html", models.downloads_view, live=True),
+    # Chat: what the router serves may have changed; the page asks it again (static/chat.js)
+    Component("chat-models", "components/chat_models.html", sessions.chat_models_view, live=True),
 )
 BY_NAME = {c.name: c for c in COMPONENTS}
 

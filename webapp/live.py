@@ -22,15 +22,16 @@ from typing import Any, Callable
 from flask import Flask, current_app, request
 from flask_sock import ConnectionClosed, Sock
 
-from . import auth
-from .api import bearer_token, state_json
-from .components import BY_NAME, affected, render
-from .guard import live_slots
-from .services import current_services, view_context
+from webapp import auth
+from webapp.api import bearer_token, state_json
+from webapp.components import BY_NAME, affected, render
+from webapp.guard import live_slots
+from webapp.services import current_services, view_context
 
 POLL = 0.5  # seconds between checks that the peer and its session are still there
 ENDED = 4401  # close code: no (more) session; the page goes to the login page
 TOO_MANY = 4429  # close code: the session holds too many sockets
+CLOSE_GRACE_S = 0.5  # the longest a refusal waits for the peer to answer (or read) its close frame
 
 
 def _drain(q: queue.Queue, first: Any) -> list[Any]:
@@ -78,13 +79,13 @@ def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
     session goes away."""
     cred = _credential(allow_token)
     if cred is None:
-        ws.close(ENDED, refusal)
+        _close(ws, ENDED, refusal)
         return
     session, user, valid = cred
     orch = current_services().orchestrator
     with live_slots(current_app).hold(session, user) as too_many:
         if too_many:
-            ws.close(TOO_MANY, too_many)
+            _close(ws, TOO_MANY, too_many)
             return
         q = orch.subscribe()
         try:
@@ -95,7 +96,7 @@ def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
                 except queue.Empty:
                     events = []
                 if not valid():
-                    ws.close(ENDED, "your session ended: log in again")
+                    _close(ws, ENDED, "your session ended: log in again")
                     return
                 if q.dropped.is_set():
                     # The bus gave up on this socket (it fell too far behind): what is queued
@@ -114,6 +115,17 @@ def _serve(ws, allow_token: bool, refusal: str, first: Callable[[], str],
             return
         finally:
             orch.bus.unsubscribe(q)
+
+
+def _close(ws, code: int, reason: str) -> None:
+    """Close with `code` and `reason`, then wait (briefly) for the peer's reply to be read: the
+    server closes the TCP connection when the handler returns, and a reply arriving after that is
+    answered with a reset, which can discard the close frame before a busy client has read it
+    (it then saw 1005, no status, instead of the reason)."""
+    ws.close(code, reason)
+    reader = getattr(ws, "thread", None)  # simple_websocket's reader: it ends once the reply is read
+    if reader is not None:
+        reader.join(CLOSE_GRACE_S)
 
 
 def register(app: Flask) -> None:

@@ -2,7 +2,7 @@
 
 One process, gunicorn's gevent worker: every connection is a greenlet, so idle or slow
 clients and open websockets cost memory, not one of a fixed number of threads (with the
-threaded worker ~70 stalled sockets froze the dashboard; see README "Dashboard" and
+threaded worker ~70 stalled sockets froze the dashboard; see docs/dashboard.md and
 docs/security.md). The gevent worker monkey-patches the process before the app is built, so
 the orchestrator's threads are greenlets too; their work is I/O (HTTP to agents, zeroconf,
 files) that yields. A request's headers must arrive within KEEPALIVE_S or the connection is
@@ -13,12 +13,13 @@ create_app.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 from pathlib import Path
 
-ROUTER_TOKEN_ENV = "PIPESERVE_ROUTER_ADMIN_TOKEN"
+from orchestrator import settings
+
+ROUTER_TOKEN_ENV = settings.ROUTER_ADMIN_TOKEN.name
 KEEPALIVE_S = 5  # the longest a client may take to send a request's headers (and idle between requests)
 CONNECTIONS = 4096  # simultaneous connections (greenlets); websockets are capped separately (webapp.guard)
 
@@ -64,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
         monkey.patch_all()
     from orchestrator import logs
-
-    from .authstore import AuthStore
+    from webapp.authstore import AuthStore
 
     log = logs.setup("dashboard")
     auth = AuthStore(args.state_dir)
@@ -107,7 +107,7 @@ def router_admin_token(args: argparse.Namespace) -> str | None:
         if not token:
             raise ValueError(f"--router-admin-token-file {path} is empty")
         return token
-    return os.environ.get(ROUTER_TOKEN_ENV, "").strip() or None
+    return (settings.ROUTER_ADMIN_TOKEN.read() or "").strip() or None
 
 
 def _raise_open_files(wanted: int) -> None:
@@ -122,10 +122,9 @@ def build(args: argparse.Namespace, log):
     """Create and start the orchestrator, then the Flask app around it (runs in the worker)."""
     from orchestrator.control.core import Orchestrator
     from orchestrator.registrar import AdminApiRegistrar, BearerAuth, ConfigFileRegistrar
-
-    from . import create_app
-    from .authstore import AuthStore
-    from .greenio import isolate_asyncio_per_greenlet
+    from webapp import create_app
+    from webapp.asyncio_bridge import isolate_asyncio_per_greenlet
+    from webapp.authstore import AuthStore
 
     isolate_asyncio_per_greenlet()  # before zeroconf starts its loop (discovery)
     if args.router_admin_url:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 
-from . import auth
-from .components import BY_NAME, render
-from .guard import safe_next
-from .services import current_services, view_context
+from webapp import auth
+from webapp.components import BY_NAME, render
+from webapp.guard import safe_next
+from webapp.services import current_services, view_context
 
 bp = Blueprint("pages", __name__)
 
@@ -47,7 +47,7 @@ def viewer_link(token: str):
     if who is None or who[0] != "viewer":
         abort(401, description="This viewer link is not valid (it may have been revoked).")
     auth.login(*who)
-    return redirect(url_for("pages.models", tab="distributed"))
+    return redirect(url_for("pages.models"))
 
 
 @bp.post("/logout")
@@ -67,19 +67,20 @@ def need_login():
 
 @bp.get("/")
 def index():
-    """Start on the Distributed tab."""
-    return redirect(url_for("pages.models", tab="distributed"))
+    """Start on Models: the Distributed tab when distributed serving is on, else Local."""
+    return redirect(url_for("pages.models"))
 
 
 @bp.get("/models")
 def models():
     """Models: the Local list and the Distributed tab."""
-    tab = request.args.get("tab", "distributed")
+    state = current_services().orchestrator.state
+    # with distributed serving off, the Distributed tab is only a way to turn it on: start on Local
+    tab = request.args.get("tab") or ("distributed" if state.settings.distributed_enabled else "local")
     if tab not in ("local", "distributed"):
         abort(404, description=f"no tab {tab!r}")
-    state = current_services().orchestrator.state
     if tab == "local":
-        return _page("pages/models_local.html", ["local-models", "download-form", "download-options",
+        return _page("pages/models_local.html", ["local-models", "serve-settings", "download-form", "download-options",
                                                   "model-downloads", "nodes", "add-node"], tab=tab)
     # off: only the gate is live, so the tab appears as soon as another admin turns it on
     names = DISTRIBUTED_COMPONENTS if state.settings.distributed_enabled else ["distributed-gate"]
@@ -119,7 +120,7 @@ def sessions():
 @bp.get("/chat")
 def chat():
     """Chat with any model the router serves."""
-    return _page("pages/chat.html", [])
+    return _page("pages/chat.html", ["chat-models"])
 
 
 @bp.get("/settings")

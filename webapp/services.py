@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import current_app
 
-from . import auth
-from .views.context import ViewContext
+from webapp import auth
+from webapp.views.context import ViewContext
 
 
 def current_services():

@@ -14,10 +14,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from e2e.bench.client import (aggregate_rate, aggregate_rate_window, decode_rate, decode_rate_mean, run_concurrent,
-                              stream_completion)
+from e2e.bench.client import (
+    aggregate_rate,
+    aggregate_rate_window,
+    decode_rate,
+    decode_rate_mean,
+    run_concurrent,
+    stream_completion,
+)
 from e2e.bench.plan import System, systems_for
-from e2e.bench.procs import (PipelineSystem, ReferenceWorker, machine_cpu_seconds, own_cpu_seconds, prepare_model)
+from e2e.bench.procs import PipelineSystem, ReferenceWorker, machine_cpu_seconds, own_cpu_seconds, prepare_model
 from e2e.bench.worker import proc_status
 
 PROMPT_TEXT = (
@@ -39,8 +45,7 @@ def balanced_split(cfg: dict, mode: str = "balanced") -> list[tuple[int, int]]:
 
     For a MoE model the per-layer cost counts the experts one token runs through
     (top-k x expert width), not the dense `intermediate_size` that compute_split reads."""
-    from orchestrator.engine import local
-
+    from orchestrator.engine import local_pipeline as local
     if mode != "balanced":
         return local.even_split(int(cfg["num_hidden_layers"]), 2)
     active = dict(cfg)
@@ -237,7 +242,8 @@ class Bench:
         procs = s.handle.procs
         cpu0 = {k: own_cpu_seconds([pid]) for k, pid in procs.items()}
         if s.kind == "single":
-            times = s.handle.call("decode", prompt=prompt, max_tokens=tokens, max_seconds=self.args.max_seconds)["times"]
+            times = s.handle.call("decode", prompt=prompt, max_tokens=tokens,
+                                  max_seconds=self.args.max_seconds)["times"]
         else:
             times = stream_completion(s.handle.port, s.handle.model_name, prompt, tokens,
                                       time.perf_counter() + self.args.max_seconds).times

@@ -39,18 +39,19 @@ _MOE = MappingProxyType({
 
 @dataclass(frozen=True)
 class FamilyRow:
-    """One row of the family table: a family of `orchestrator.models.families` reshaped."""
+    """One row of the family table: a family of `orchestrator.testmodels.families` reshaped."""
 
     key: str                      # the --families name and the served model name
-    family: str                   # a key of orchestrator.models.families.FAMILIES
+    family: str                   # a key of orchestrator.testmodels.families.FAMILIES
     quant: str | None             # None (float32) or a families.QUANTS name
     overrides: Mapping[str, Any]  # build_family_model(config_overrides=...)
     label: str                    # the table's description
 
     def digest(self) -> str:
         """Cache key of the generated model: its arguments and the generator's code."""
-        from orchestrator.models import families, files, testmodel
-
+        from orchestrator.models import files
+        from orchestrator.testmodels import families
+        from orchestrator.testmodels import llama as testmodel
         h = hashlib.sha256(json.dumps([self.family, self.quant, dict(self.overrides)], sort_keys=True).encode())
         for module in (families, files, testmodel):
             h.update(Path(module.__file__).read_bytes())
@@ -109,8 +110,7 @@ def prepare(which: str) -> Path:
             demo.import_demo_model(path, dtype="float32", overwrite=True)
         return path
     if which == "llama1b":
-        from orchestrator.models import testmodel
-
+        from orchestrator.testmodels import llama as testmodel
         path = _fresh(root, "bench-llama1b-float32",
                       _code_digest(testmodel, files, extra=json.dumps(dict(LLAMA1B), sort_keys=True)))
         if not (path / "config.json").is_file():
@@ -120,7 +120,7 @@ def prepare(which: str) -> Path:
     row = family_row(which)
     path = _fresh(root, f"bench-family-{row.key}", row.digest())
     if not (path / "config.json").is_file():
-        from orchestrator.models.families import build_family_model
+        from orchestrator.testmodels.families import build_family_model
 
         print(f"bench: generating {row.label} into {path} (~10 s)", file=sys.stderr)
         build_family_model(path, row.family, quant=row.quant, config_overrides=dict(row.overrides), overwrite=True)

@@ -1,7 +1,7 @@
 """The systems under test as the benchmark process sees them, and /proc and `ss` readings.
 
 A single-process mlx-lm worker (`ReferenceWorker`, driven over pipes) and a whole
-pipeline (`PipelineSystem`, which is `orchestrator.engine.local.LocalPipeline`: it writes
+pipeline (`PipelineSystem`, which is `orchestrator.engine.local_pipeline.LocalPipeline`: it writes
 the cluster TOML, starts the stages and the coordinator and stops them). Worker command
 lines come from `worker.argv`.
 """
@@ -83,7 +83,7 @@ class PipelineSystem:
     def __init__(self, model_dir: Path, workdir: Path, splits: list[tuple[int, int]], threads: int,
                  solo_threads: int | None, env: dict[str, str], model_name: str,
                  cluster: dict[str, object] | None = None) -> None:
-        from orchestrator.engine.local import LocalPipeline
+        from orchestrator.engine.local_pipeline import LocalPipeline
 
         self.model_name = model_name
         self.lp = LocalPipeline(workdir, model_dir, splits, threads=threads, solo_threads=solo_threads, env=env,

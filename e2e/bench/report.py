@@ -104,7 +104,7 @@ def family_section(rec: dict, max_seconds: float) -> list[str]:
     lines = [
         "## Model families — 2-stage pipeline as the demo runs it",
         "",
-        f"Random-weight models built by `orchestrator.models.families.build_family_model` with mlx-lm's own "
+        f"Random-weight models built by `orchestrator.testmodels.families.build_family_model` with mlx-lm's own "
         f"classes, reshaped like published models (`e2e/bench/models.py`: hidden 1024, 16 query heads of 64 over "
         f"4 KV heads, 6 layers, vocabulary 32000, tied head). Pipeline = 2 stages × 1 BLAS thread, all cores when "
         f"SOLO (what the demo runs); reference = single-process mlx-lm with {os.cpu_count()} BLAS threads. "

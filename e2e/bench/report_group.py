@@ -40,8 +40,9 @@ def group_report(g: dict, title: str, max_seconds: float) -> list[str]:
 
 def _throughput(systems: list[System], ref: System) -> list[str]:
     lines = [
-        "| system | BLAS threads/process | decode ×1 tok/s | ×1 vs single (best rounds) | aggregate ×2 tok/s | aggregate ×4 tok/s "
-        "| ×4 vs own ×1 (best) | TTFT s | TTFT vs single (best) | RSS MiB (per process) | same tokens | other load (cores) |",
+        "| system | BLAS threads/process | decode ×1 tok/s | ×1 vs single (best rounds) | aggregate ×2 tok/s "
+        "| aggregate ×4 tok/s | ×4 vs own ×1 (best) | TTFT s | TTFT vs single (best) | RSS MiB (per process) "
+        "| same tokens | other load (cores) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in systems:
@@ -101,7 +102,8 @@ def _profile(systems: list[System]) -> list[str]:
             continue
         cpu = ", ".join(f"{k}: {fmt(v, 1)}" for k, v in prof["cpu_ms"].items())
         steps = " + ".join(fmt(x, 1) for x in prof.get("step_ms", [])) or "–"
-        lines.append(f"| {s.label} | {fmt(prof['interval_ms'], 1)} / {fmt(prof.get('mean_interval_ms'), 1)} | {steps} | "
+        lines.append(f"| {s.label} | {fmt(prof['interval_ms'], 1)} / {fmt(prof.get('mean_interval_ms'), 1)} "
+                     f"| {steps} | "
                      f"{fmt(prof.get('overhead_ms'), 1) if 'overhead_ms' in prof else '–'} | {cpu} |")
     lines.append("")
     busy = [s for s in systems if s.kind == "pipeline" and s.results.get("busy_stages")]
@@ -109,7 +111,8 @@ def _profile(systems: list[System]) -> list[str]:
         lines += ["At 4 concurrent requests (last round): each stage's compute per step and its micro-batch size "
                   "(the scheduler keeps one group per stage in flight, so 4 requests run as 2 groups of 2; one "
                   "full cycle of all requests costs about 2 × the slower stage's step):", "",
-                  "| system | stage step ms (micro-batch) | predicted ×4 tok/s = 4 / (2 × slowest step) | measured ×4 |",
+                  "| system | stage step ms (micro-batch) | predicted ×4 tok/s = 4 / (2 × slowest step) "
+                  "| measured ×4 |",
                   "|---|---|---|---|"]
         for s in busy:
             last = s.results["busy_stages"][-1]

@@ -106,7 +106,7 @@ def serve_reference(model_dir: Path) -> int:
         try:
             op = ops.get(cmd["op"])
             reply(op(cmd) if op else {"error": f"unknown op {cmd['op']}"})
-        except Exception as exc:  # report, keep serving
+        except Exception as exc:  # noqa: BLE001 (report, keep serving)
             reply({"error": repr(exc)})
     return 0
 

@@ -15,7 +15,22 @@ import signal
 import pytest
 from playwright.sync_api import expect
 
-from e2e.pages import LIVE, badge, cluster_rows, mark_document, monitor, nav, open_distributed, same_document
+from e2e.pages import (
+    ANSWER_MS,
+    LAUNCH_MS,
+    LIVE,
+    PROCESSES_S,
+    ROUTER_S,
+    SAVED_S,
+    SETTLE_MS,
+    badge,
+    cluster_rows,
+    mark_document,
+    monitor,
+    nav,
+    open_distributed,
+    same_document,
+)
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import wait_until
 
@@ -29,7 +44,7 @@ def test_4_launch_timeline_completes_and_turns_healthy_live(stack, admin, viewer
     doc = mark_document(page)
     page.get_by_role("button", name="Launch cluster").click()
     expect(monitor(page)).to_contain_text("Stage 0 starting", timeout=LIVE)
-    expect(badge(page, "Healthy")).to_be_visible(timeout=180_000)
+    expect(badge(page, "Healthy")).to_be_visible(timeout=LAUNCH_MS)
     expect(monitor(page)).to_contain_text("Router registered")
     same_document(page, doc)
     [session] = stack.api_state()["sessions"]
@@ -43,7 +58,7 @@ def test_4_launch_timeline_completes_and_turns_healthy_live(stack, admin, viewer
     for st in session["stages"]:
         expect(monitor(page)).to_contain_text(st["node_name"])
         expect(monitor(page)).to_contain_text(f"{st['first_layer']}–{st['last_layer']}")
-    wait_until(lambda: MODEL_ID in stack.router_models(), 30, message="the router to list the model")
+    wait_until(lambda: MODEL_ID in stack.router_models(), ROUTER_S, message="the router to list the model")
     expect(badge(viewer.page, "Healthy")).to_be_visible(timeout=LIVE)
     expect(viewer.page.get_by_role("button", name="Stop cluster")).to_have_count(0)
     same_document(viewer.page, viewer.document)
@@ -75,8 +90,8 @@ def test_5_chat_through_the_router_streams_a_reply(stack, admin, shots):
     page.get_by_label("Message").fill("What is the capital of France?")
     page.get_by_role("button", name="Send").click()
     log = page.locator("#chat-log")
-    expect(log).to_contain_text("Paris", timeout=90_000)
-    expect(log).to_contain_text("tokens/s", timeout=60_000)
+    expect(log).to_contain_text("Paris", timeout=ANSWER_MS)
+    expect(log).to_contain_text("tokens/s", timeout=SETTLE_MS)
     expect(log).to_contain_text("time to first token")
     lengths = page.evaluate("() => window.__replyLengths")
     assert len(lengths) >= 3 and lengths == sorted(lengths), f"the reply did not arrive in pieces: {lengths}"
@@ -115,7 +130,7 @@ def test_7_killing_a_stage_turns_the_cluster_unhealthy_and_cleans_up(stack, admi
     nav(page, "Settings")
     page.get_by_label("Restart failed stages automatically").uncheck()
     page.get_by_role("button", name="Save").click()
-    wait_until(lambda: stack.api_state()["settings"]["auto_restart"] is False, 10,
+    wait_until(lambda: stack.api_state()["settings"]["auto_restart"] is False, SAVED_S,
                message="automatic restarts to be off")
     expect(page.locator("#settings-status")).to_contain_text("automatic restarts off")
     open_distributed(page)
@@ -133,9 +148,9 @@ def test_7_killing_a_stage_turns_the_cluster_unhealthy_and_cleans_up(stack, admi
     expect(cluster_rows(admin.sessions_page, MODEL_ID)).to_have_count(0, timeout=LIVE)
     expect(sessions).to_contain_text("No serving sessions")
     same_document(admin.sessions_page, admin.sessions_document)
-    wait_until(lambda: MODEL_ID not in stack.router_models(), 20, message="the router to drop the model")
+    wait_until(lambda: MODEL_ID not in stack.router_models(), ROUTER_S, message="the router to drop the model")
     assert stack.router_backends() == []
-    wait_until(lambda: not stack.engine_processes(), 20, message="every engine process to end")
+    wait_until(lambda: not stack.engine_processes(), PROCESSES_S, message="every engine process to end")
     assert stack.api_state()["sessions"] == []
     expect(badge(viewer.page, "Unhealthy")).to_be_visible(timeout=LIVE)
     shots(page, "07a-unhealthy")

@@ -1,13 +1,14 @@
-"""Benchmark over the emulated links: `sudo .venv/bin/python -m e2e.lan.bench_lan [--profiles ...] [--long]`.
+"""Benchmark over the emulated links: `sudo .venv/bin/python -m e2e.lan.bench_lan [--profiles ...] [--long]`
+(or `--random N --seed S`: random models and links, e2e/lan/bench_random.py).
 
 Per link profile (e2e/lan/profiles.py) SmolLM2-135M (float32) runs split 0-14 / 15-29 with
 stage 0 and the coordinator on node-a, stage 1 on node-b (each in its own namespace), and
 the client in the control namespace measures: decode tok/s at 1 request, aggregate at 4, 8
 and 16, and time to first token of a 1k-token prompt (8k with --long). Beside each number,
 the planner's prediction (planner/predict.py) from the layers timed on this machine
-(engine/profile.py) just before that profile's measurements (on a shared machine the load
+(engine/profiling/layers.py) just before that profile's measurements (on a shared machine the load
 drifts: a timing taken minutes earlier predicts another machine) and the link measured
-between the two namespaces. Prints a Markdown table
+between the two namespaces as the agents measure it (agent/linkecho.py). Prints a Markdown table
 and the target ratios. Needs root.
 """
 
@@ -27,30 +28,27 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.agent.local import SHARED_HOST_BLAS
+from e2e.lan.netns import REPO, Lan, LanHost, joined, unavailable
+from e2e.lan.profiles import PROFILES, LinkProfile
+from orchestrator.agent.local_agent import SHARED_HOST_BLAS
 from orchestrator.agent.report import machine_id
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.predict import StageSpec, predict
-
-from .netns import REPO, Lan, LanHost, joined, unavailable
-from .profiles import PROFILES
+from orchestrator.planner.timing_doubt import profile_doubt
 
 SPLIT = ((0, 14), (15, 29))
 # The "8k" prompt: SmolLM2's 8192-token context must hold the prompt and the generated token.
 LONG = 8191
 PORT = 8100
-PROBE = """import socket,time,statistics,json,sys
-c=socket.create_connection((sys.argv[1],5001));c.setsockopt(6,1,1)
-ts=[]
-for i in range(40):
-  t=time.perf_counter();c.sendall(b'x');c.recv(10);ts.append(time.perf_counter()-t)
-buf=bytes(8<<20);t=time.perf_counter();c.sendall(buf);c.recv(10);dt=time.perf_counter()-t
-print(json.dumps({"rtt_ms":statistics.median(ts[5:])*1e3,"Bps":(8<<20)/max(dt-statistics.median(ts),1e-6)}))"""
-SINK = """import socket,sys;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((sys.argv[1],5001));s.listen();c,_=s.accept();c.setsockopt(6,1,1)
-n=0
-while (d:=c.recv(1<<20)):
-  n+=len(d)
-  if n<=40 or n==40+(8<<20): c.sendall(b'k')"""
+ECHO_PORT = 39650
+ECHO = """import sys,time
+from orchestrator.agent.linkecho import open_echo
+port,nonce=open_echo(sys.argv[1],(int(sys.argv[2]),int(sys.argv[2])),1<<20)
+print(port,nonce,flush=True);time.sleep(60)"""
+TIME = """import sys,json
+from orchestrator.agent.linkecho import time_path
+rtt,bw,floor,kernel,_=time_path((sys.argv[1],int(sys.argv[2])),sys.argv[3],16,1<<20)
+print(json.dumps({"rtt_ms":rtt,"Bps":bw}))"""
 
 
 def env() -> dict[str, str]:
@@ -58,27 +56,35 @@ def env() -> dict[str, str]:
 
 
 def measure_link(a: LanHost, b: LanHost) -> LinkCost:
-    """Round trip (median of small messages) and throughput (8 MiB) from a to b, raw TCP."""
-    sink = subprocess.Popen(b.argv(sys.executable, "-c", SINK, b.ip))
-    time.sleep(0.5)
+    """The link from a to b as the agents measure it (agent/linkecho.py): framed round trips
+    and two payload sizes through an echo at b's stage address, relays included."""
+    echo = subprocess.Popen(b.argv(sys.executable, "-c", ECHO, b.ip, str(ECHO_PORT)), stdout=subprocess.PIPE,
+                            text=True, env=env(), cwd=REPO)
     try:
-        out = subprocess.run(a.argv(sys.executable, "-c", PROBE, b.ip), capture_output=True, text=True, timeout=120)
+        port, nonce = echo.stdout.readline().split()  # type: ignore[union-attr]
+        out = subprocess.run(a.argv(sys.executable, "-c", TIME, b.ip, port, nonce), capture_output=True, text=True,
+                             timeout=120, env=env(), cwd=REPO)
         data = json.loads(out.stdout)
     finally:
-        sink.kill()
+        echo.kill()
+        echo.wait()
     return LinkCost(rtt_ms=data["rtt_ms"], bandwidth_Bps=data["Bps"])
 
 
-def timing(model: Path) -> LayerTiming:
+def timing(model: Path) -> tuple[LayerTiming, str]:
+    """The model's layers timed on this machine, and the busy-machine rule's doubt about them."""
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "p.json"
-        subprocess.run([sys.executable, "-m", "orchestrator.engine.profile", "--model", str(model), "--out", str(out)],
+        subprocess.run([sys.executable, "-m", "orchestrator.engine.profiling.layers",
+                        "--model", str(model), "--out", str(out)],
                        check=True, env=env(), cwd=REPO)
         data = json.loads(out.read_text())
-    return LayerTiming(**{k: v for k, v in data.items() if k not in ("threads", "at")})
+    doubt = profile_doubt({**data, "load": load, "cpus": os.cpu_count() or 0})
+    return LayerTiming(**{k: v for k, v in data.items() if k not in ("threads", "at", "spread")}), doubt
 
 
-def cluster_toml(a: LanHost, b: LanHost) -> str:
+def cluster_toml(a: LanHost, b: LanHost, split: tuple[tuple[int, int], ...] = SPLIT) -> str:
     return f"""[cluster]
 name = "bench-lan"
 pipeline_parallel_size = 2
@@ -96,22 +102,22 @@ id = "stage-0"
 address = "{a.ip}:39601"
 role = "pipeline_stage"
 stage = 0
-layers = "{SPLIT[0][0]}-{SPLIT[0][1]}"
+layers = "{split[0][0]}-{split[0][1]}"
 
 [[nodes]]
 id = "stage-1"
 address = "{b.ip}:39602"
 role = "pipeline_stage"
 stage = 1
-layers = "{SPLIT[1][0]}-{SPLIT[1][1]}"
+layers = "{split[1][0]}-{split[1][1]}"
 """
 
 
-def stream(host: str, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
-    """(submit time, token arrival times) of one streamed completion."""
+def stream(host: str, prompt: list[int], max_tokens: int, extra: dict | None = None) -> tuple[float, list[float]]:
+    """(submit time, token arrival times) of one streamed completion (`extra`: more request fields)."""
     conn = http.client.HTTPConnection(host, PORT, timeout=900)
     body = json.dumps({"model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "logprobs": 0, "ignore_eos": True}).encode()
+                       "logprobs": 0, "ignore_eos": True, **(extra or {})}).encode()
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
@@ -129,15 +135,24 @@ def stream(host: str, prompt: list[int], max_tokens: int) -> tuple[float, list[f
 
 
 def rate(times: list[float]) -> float:
+    """Decode tok/s of one stream: the median gap between token arrivals; nan without two."""
     gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
     return 1 / statistics.median(gaps) if gaps else float("nan")
 
 
-def concurrent(host: str, n: int, tokens: int) -> float:
+def concurrent(host: str, n: int, tokens: int, extra: dict | None = None) -> float:
     out: list[float] = [0.0] * n
 
     def one(i: int) -> None:
-        out[i] = rate(stream(host, [100 + i, 200 + i, 300 + i, 400 + i], tokens)[1])
+        try:
+            times = stream(host, [100 + i, 200 + i, 300 + i, 400 + i], tokens, extra)[1]
+        except (OSError, RuntimeError, ValueError) as exc:  # said, and the aggregate is nan: not a silent 0
+            print(f"request {i} of {n}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            times = []
+        out[i] = rate(times)
+        if not out[i] == out[i]:
+            print(f"request {i} of {n}: {len(times)} tokens, no gap between arrivals to time", file=sys.stderr,
+                  flush=True)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -147,23 +162,30 @@ def concurrent(host: str, n: int, tokens: int) -> float:
     return sum(out)
 
 
-def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
+def run_profile(name: str, model: Path, long: bool, root: Path, *, profile: LinkProfile | None = None,
+                split: tuple[tuple[int, int], ...] = SPLIT, hidden_bytes: int = 576 * 4,
+                requests: tuple[int, ...] = (4, 8, 16), vocab: int = 49152, extra: dict | None = None) -> dict:
+    """Time the layers, then on a LAN of `profile` (default PROFILES[name]) serve `model` split
+    at `split` and measure decode, aggregates at `requests` and TTFT; with the prediction.
+    `extra` goes into every request (a random model's end-of-text bias: the coordinator has no
+    ignore_eos, and a random model may end at once)."""
     load = os.getloadavg()[0]
-    t = timing(model)
+    t, doubt = timing(model)
     print(f"{name}: load {load:.1f}; layers timed: {t.layer_ms_b1_solo:.2f} ms/layer alone, {t.layer_ms_b1:.2f} "
           f"with 1 thread, {t.layer_ms_bB:.2f} for {t.batch} rows, head {t.head_ms_b1_solo:.1f} ms, prefill "
           f"{t.prefill_ms_per_token:.3f} ms/token/layer + {t.prefill_ms_per_token_per_k:.3f} per 1k cached; "
           f"per-step paths (1 / {t.batch} rows): stage {t.step_ms_b1:.2f} / {t.step_ms_bB:.2f} ms, last stage "
           f"{t.last_step_ms_b1:.2f} / {t.last_step_ms_bB:.2f}, coordinator {t.coordinator_ms_b1:.2f} / "
-          f"{t.coordinator_ms_bB:.2f}", flush=True)
-    with Lan(PROFILES[name], 2) as lan:
+          f"{t.coordinator_ms_bB:.2f}{'; timed on a busy machine: ' + doubt if doubt else ''}", flush=True)
+    with Lan(profile or PROFILES[name], 2) as lan:
         a, b = lan.nodes
         link = measure_link(a, b)
-        cfg = root / f"{name}.toml"
-        cfg.write_text(cluster_toml(a, b))
+        tag = "".join(c if c.isalnum() else "_" for c in name)  # a drawn profile's name has spaces and '/'
+        cfg = root / f"{tag}.toml"
+        cfg.write_text(cluster_toml(a, b, split))
         e = {**env(), "PIPESERVE_CLUSTER_SECRET": secrets.token_hex(16)}
         procs = [subprocess.Popen(h.argv(sys.executable, "-m", "orchestrator.cli", *argv), env=e, cwd=REPO,
-                                  stdout=open(root / f"{name}-{i}.log", "wb"), stderr=subprocess.STDOUT)
+                                  stdout=open(root / f"{tag}-{i}.log", "wb"), stderr=subprocess.STDOUT)
                  for i, (h, argv) in enumerate([
                      (a, ["stage", "--config", str(cfg), "--node-id", "stage-0", "--model", str(model)]),
                      (b, ["stage", "--config", str(cfg), "--node-id", "stage-1", "--model", str(model)]),
@@ -183,12 +205,12 @@ def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
                     if time.monotonic() > deadline:
                         raise RuntimeError(f"{name}: coordinator not ready")
                     time.sleep(0.5)
-                res = {"profile": name, "link": link, "load": load}
-                res["decode1"] = rate(stream(a.ip, [1, 2, 3, 4, 5, 6, 7, 8], 24)[1])
-                for n in (4, 8, 16):
-                    res[f"agg{n}"] = concurrent(a.ip, n, 12)
+                res = {"profile": name, "link": link, "load": load, "doubt": doubt}
+                res["decode1"] = rate(stream(a.ip, [1, 2, 3, 4, 5, 6, 7, 8], 24, extra)[1])
+                for n in requests:
+                    res[f"agg{n}"] = concurrent(a.ip, n, 12, extra)
                 for p in (1024, LONG) if long else (1024,):
-                    t0, times = stream(a.ip, [(7 * i) % 4000 + 10 for i in range(p)], 1)
+                    t0, times = stream(a.ip, [(7 * i) % (min(vocab, 4010) - 10) + 10 for i in range(p)], 1, extra)
                     res[f"ttft{p}"] = times[0] - t0
         finally:
             for p in procs:
@@ -198,8 +220,8 @@ def run_profile(name: str, model: Path, long: bool, root: Path) -> dict:
     # every emulated node runs on this machine's cores (their agents report one machine_id)
     stages = [StageSpec(label=f"stage {k}", node_name=n, layer_weight=hi - lo + 1, last=k == 1, timing=t,
                         machine=machine_id())
-              for k, ((lo, hi), n) in enumerate(zip(SPLIT, ("node-a", "node-b")))]
-    res["pred"] = predict(stages, [link, link], 576 * 4, requests=(4, 8, 16), prompts=(1024, LONG))
+              for k, ((lo, hi), n) in enumerate(zip(split, ("node-a", "node-b")))]
+    res["pred"] = predict(stages, [link, link], hidden_bytes, requests=requests, prompts=(1024, LONG))
     return res
 
 
@@ -224,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profiles", default="loopback,1gbe,wifi,10gbe,thunderbolt")
     parser.add_argument("--long", action="store_true", help="also TTFT of an 8k-token prompt (minutes per profile)")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="instead: N random (model shape, link profile) pairs (e2e/lan/bench_random.py)")
+    parser.add_argument("--seed", type=int, default=0, help="the seed of --random's draws")
     args = parser.parse_args(argv)
     # `timeout` and Ctrl-C alike: unwind, so every Lan context deletes its namespaces
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -231,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"bench_lan: {why}", file=sys.stderr)
         return 2
+    if args.random:
+        from e2e.lan.bench_random import run_random
+
+        return run_random(args.random, args.seed)
     from orchestrator.models.demo import cached_demo_model
 
     model = cached_demo_model("float32")

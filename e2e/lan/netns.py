@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .profiles import LinkProfile, tbf_args
+from e2e.lan.profiles import LinkProfile, tbf_args
 
 SUBNET = "10.77.0"
 CONTROL_IP = f"{SUBNET}.254"

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.agent.local import SHARED_HOST_BLAS
+from e2e.lan.netns import REPO, Lan, LanHost, joined
+from orchestrator.agent.local_agent import SHARED_HOST_BLAS
 from orchestrator.demo_stack import DEFAULT_BUDGET, MODEL_ID
 from orchestrator.proc.child import ChildError, ChildProcess
-
-from .netns import REPO, Lan, LanHost, joined
 
 AGENT_PORT = 39500
 TRANSPORT = (39600, 39629)  # every node has its own IP, so each may use the whole range

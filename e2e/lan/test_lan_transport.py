@@ -17,18 +17,16 @@ from pathlib import Path
 import pytest
 import requests
 
+from e2e.lan.netns import Lan, remove_leftovers, run, unavailable
+from e2e.lan.profiles import PROFILES
+from e2e.lan.stack import AGENT_PORT, LanStack, running_lan_stack
 from orchestrator.agent.client import AgentClient
 from orchestrator.control.launcher import Launcher
 from orchestrator.control.planning import session_from_plan
 from orchestrator.control.state import State
 from orchestrator.demo_stack import MODEL_ID
-from orchestrator.planner import Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster, \
-    plan_to_cluster_toml
+from orchestrator.planner import Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster, plan_to_cluster_toml
 from orchestrator.planner.result import RefusalCode
-
-from .netns import Lan, remove_leftovers, run, unavailable
-from .profiles import PROFILES
-from .stack import AGENT_PORT, LanStack, running_lan_stack
 
 WHY = unavailable()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")

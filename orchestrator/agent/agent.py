@@ -8,21 +8,21 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from .. import __version__
-from ..httpkit import Server
-from ..logs import EventLogger
-from . import netif
-from . import report as node_report
-from .compute import ComputeProfiler
-from .discovery import Advertiser
-from .inventory import Inventory
-from .linkprobe import LinkProber
-from .processes import ProcessManager
-from .schemas import Identity, Report
-from .server import make_server
-from .sources import fetch_hub, import_demo
-from .state import AgentState
-from .transfer import Downloads, RateLimiter
+from orchestrator import __version__
+from orchestrator.agent import netif
+from orchestrator.agent import report as node_report
+from orchestrator.agent.compute import ComputeProfiler
+from orchestrator.agent.discovery import Advertiser
+from orchestrator.agent.identity import AgentState
+from orchestrator.agent.inventory import Inventory
+from orchestrator.agent.linkprobe import LinkProber
+from orchestrator.agent.processes import ProcessManager
+from orchestrator.agent.schemas import Identity, Report
+from orchestrator.agent.server import make_server
+from orchestrator.agent.sources import fetch_hub, import_demo
+from orchestrator.agent.transfer import Downloads, RateLimiter
+from orchestrator.httpkit import Server
+from orchestrator.logs import EventLogger
 
 REAPER_INTERVAL_S = 0.25
 
@@ -108,7 +108,7 @@ class Agent:
                                          __version__, self.accelerator.family, self.log, self.config.advertise_ttl)
             try:
                 self.advertiser.start(self.inventory.ids())
-            except Exception as exc:  # discovery is a convenience: the agent works without it
+            except Exception as exc:  # noqa: BLE001 (discovery is a convenience: the agent works without it)
                 self.log.error("discovery.failed", reason=exc)
                 self.advertiser = None
 

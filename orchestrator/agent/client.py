@@ -7,7 +7,6 @@ AgentError with status 0, so callers handle one exception type.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
@@ -15,12 +14,28 @@ import requests
 from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from .hub import HubListing
+    from orchestrator.agent.hub import HubListing
 
-from .perf_schemas import LinkList, LinkSample, MeasureLinksRequest, ProfileStatus
-from .schemas import (CheckResult, DownloadInfo, DownloadList, Identity, LeaseResponse, LogsResponse, Manifest,
-                      ModelInfo, ModelList, OfferedFiles, PairResponse, ProcessInfo, ProcessList, Report,
-                      StartProcessRequest, TicketResponse)
+from orchestrator.agent.job_follower import JobTimeout, follow_job
+from orchestrator.agent.perf_schemas import LinkList, LinkSample, MeasureLinksRequest, ProfileStatus
+from orchestrator.agent.schemas import (
+    CheckResult,
+    DownloadInfo,
+    DownloadList,
+    Identity,
+    LeaseResponse,
+    LogsResponse,
+    Manifest,
+    ModelInfo,
+    ModelList,
+    OfferedFiles,
+    PairResponse,
+    ProcessInfo,
+    ProcessList,
+    Report,
+    StartProcessRequest,
+    TicketResponse,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -145,7 +160,7 @@ class AgentClient:
 
     def hub_files(self, repo_id: str, revision: str = "main") -> "HubListing":
         """The hub repo's files, sizes and verdicts (MLX, supported, fits this node), before any download."""
-        from .hub import HubListing
+        from orchestrator.agent.hub import HubListing
 
         return self._call("GET", f"/v1/hub/models/{repo_id}", params={"revision": revision}, model=HubListing,
                           timeout=120)
@@ -188,14 +203,10 @@ class AgentClient:
 
     def wait_download(self, model_id: str, timeout: float = 600.0, poll_s: float = 0.1) -> DownloadInfo:
         """Poll until the download is done, failed or cancelled; AgentError(408) on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            info = self.progress(model_id)
-            if info.state != "running":
-                return info
-            if time.monotonic() > deadline:
-                raise AgentError(408, f"download of {model_id} still running after {timeout:.0f} s", "timeout")
-            time.sleep(poll_s)
+        try:
+            return follow_job(lambda: self.progress(model_id), f"download of {model_id}", timeout, poll_s)
+        except JobTimeout as exc:
+            raise AgentError(408, str(exc), "timeout") from None
 
     # --- links and compute (perf_routes.py) ----------------------------------------
 

@@ -1,10 +1,14 @@
 """Timing a model's layers on this node, on request, cached per model.
 
-`python -m orchestrator.engine.profile` runs in a child process with the environment the
+`python -m orchestrator.engine.profiling.layers` runs in a child process with the environment the
 agent gives its stages (BLAS threads), one model at a time; its answer is kept in
 `<state>/profiles/<model>.json` together with the model's config.json size and mtime and the
 profile's version, so a replaced model (or a profile from an older engine) is timed again.
 The report lists every cached profile.
+
+A timing the busy-machine rule doubts (planner/timing_doubt.py: the load, rounds that
+disagree, batched steps faster than one row's) is taken again, up to `TRIES` times with a
+pause between; one still doubted after that is kept with its doubt, which the plan card shows.
 """
 
 from __future__ import annotations
@@ -15,24 +19,53 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ..logs import EventLogger
-from .inventory import Inventory
-from .perf_schemas import ComputeProfile, ProfileStatus
+from orchestrator import settings
+from orchestrator.agent.inventory import Inventory
+from orchestrator.agent.perf_schemas import ComputeProfile, ProfileStatus
+from orchestrator.logs import EventLogger
+from orchestrator.planner.timing_doubt import profile_doubt
 
 TIMEOUT_S = 600.0
-# Part of every cached profile's stamp: a profile taken by an older engine/profile.py (before
-# it timed the per-step path, engine/profile_step.py, steps of 2 and 4 rows, and the head
+# Part of every cached profile's stamp: a profile taken by an older engine/profiling/layers.py (before
+# it timed the per-step path, engine/profiling/step.py, steps of 2 and 4 rows, and the head
 # behind the other layers) is stale and is timed again.
 PROFILE_VERSION = 4
+TRIES = settings.TIMING_TRIES.default  # timings of one model while the busy-machine rule doubts them
+RETRY_PAUSE_S = 10.0  # between them: a burst of other work may have passed
+
+
+class ProfileFailed(Exception):
+    """The timing process failed; the message is its last line of error output."""
+
+
+def run_profile_process(model_dir: Path, out: Path) -> dict:
+    """Time the model's layers in a child process with the stages' environment; its JSON."""
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.engine.profiling.layers", "--model", str(model_dir),
+                           "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=settings.process_environment())
+    if proc.returncode != 0:
+        raise ProfileFailed((proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])
+    return json.loads(out.read_text())
 
 
 class ComputeProfiler:
     """Cached compute profiles and the one timing run in progress."""
 
-    def __init__(self, inventory: Inventory, state_dir: Path, log: EventLogger) -> None:
+    def __init__(self, inventory: Inventory, state_dir: Path, log: EventLogger, *,
+                 run: Callable[[Path, Path], dict] = run_profile_process,
+                 load: Callable[[], tuple[float, int]] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, tries: int | None = None) -> None:
+        """`run`, `load` ((1-minute load, CPUs)) and `sleep` are the I/O edge, injectable; `tries` the
+        most timings of one model while they are doubted (PIPESERVE_TIMING_TRIES)."""
+        self._tries = tries or settings.TIMING_TRIES.read()
         self._inventory = inventory
+        self._timed = run
+        self._load = load or (lambda: (_load_average(), os.cpu_count() or 0))
+        self._sleep = sleep
         self._dir = Path(state_dir) / "profiles"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._log = log
@@ -85,18 +118,13 @@ class ComputeProfiler:
     def _run(self, model_id: str) -> None:
         error = None
         try:
-            with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
-                out = Path(tmp) / "profile.json"
-                proc = subprocess.run([sys.executable, "-m", "orchestrator.engine.profile", "--model",
-                                       str(self._inventory.model_dir(model_id)), "--out", str(out)],
-                                      capture_output=True, text=True, timeout=TIMEOUT_S, env=dict(os.environ))
-                if proc.returncode != 0:
-                    error = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-                else:
-                    profile = json.loads(out.read_text())
-                    (self._dir / f"{model_id}.json").write_text(json.dumps({"stamp": self._stamp(model_id),
-                                                                            "profile": profile}))
-                    self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"))
+            profile = self._time_until_trusted(model_id)
+            (self._dir / f"{model_id}.json").write_text(json.dumps({"stamp": self._stamp(model_id),
+                                                                    "profile": profile}))
+            self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"),
+                           tries=profile["tries"], doubt=profile["doubt"] or None)
+        except ProfileFailed as exc:
+            error = str(exc)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         with self._lock:
@@ -105,14 +133,39 @@ class ComputeProfiler:
                 self._failed[model_id] = error
                 self._log.warning("compute.profile_failed", model=model_id, reason=error)
 
+    def _time_until_trusted(self, model_id: str) -> dict:
+        """Time the model; again (up to `tries`, a pause between) while the busy-machine rule
+        doubts the result. The last timing, with how busy the machine was when it started (the
+        dashboard says so beside the prediction), its doubt ("" when none) and the tries."""
+        attempt = 0
+        while True:
+            attempt += 1
+            load, cpus = self._load()
+            with tempfile.TemporaryDirectory(dir=self._dir) as tmp:
+                found = self._timed(self._inventory.model_dir(model_id), Path(tmp) / "profile.json")
+            profile = {**found, "load": load, "cpus": cpus}
+            doubt = profile_doubt(profile)
+            if not doubt or attempt >= self._tries:
+                return {**profile, "doubt": doubt, "tries": attempt}
+            self._log.info("compute.profile_doubted", model=model_id, attempt=attempt, doubt=doubt)
+            self._sleep(RETRY_PAUSE_S)
+
     def profiles(self) -> list[ComputeProfile]:
         """Every cached, current profile (for the report)."""
         out = []
         for path in sorted(self._dir.glob("*.json")):
             try:
                 found = self.cached(path.stem)
-            except Exception:  # a model that went away: its profile is stale, skip it
+            except Exception:  # noqa: BLE001 (a model that went away: its profile is stale, skip it)
                 found = None
             if found is not None:
                 out.append(found)
         return out
+
+
+def _load_average() -> float:
+    """The machine's 1-minute load average (0 where the platform has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return 0.0

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 from zeroconf import InterfaceChoice, IPVersion, ServiceBrowser, ServiceInfo, ServiceListener, Zeroconf
 
-from ..logs import EventLogger
+from orchestrator.logs import EventLogger
 
 SERVICE_TYPE = "_pipeserve._tcp.local."
 MAX_MODELS_TXT = 200  # bytes of the models field (a TXT string holds at most 255)
@@ -184,13 +184,13 @@ class NodeBrowser(ServiceListener):
         self.close()
 
     # ServiceListener callbacks run on the browser's own thread, where blocking resolution is allowed.
-    def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:  # noqa: D102
+    def add_service(self, zc: Zeroconf, type_: str, name: str) -> None:
         self._resolve(zc, type_, name)
 
-    def update_service(self, zc: Zeroconf, type_: str, name: str) -> None:  # noqa: D102
+    def update_service(self, zc: Zeroconf, type_: str, name: str) -> None:
         self._resolve(zc, type_, name)
 
-    def remove_service(self, zc: Zeroconf, type_: str, name: str) -> None:  # noqa: D102
+    def remove_service(self, zc: Zeroconf, type_: str, name: str) -> None:
         self._forget(name)
 
     def _resolve(self, zc: Zeroconf, type_: str, name: str) -> bool:
@@ -220,7 +220,7 @@ class NodeBrowser(ServiceListener):
                     return
                 try:
                     alive = self._resolve(self._zc, SERVICE_TYPE, name)
-                except Exception:  # zeroconf closing under us: stop quietly
+                except Exception:  # noqa: BLE001 (zeroconf closing under us: stop quietly)
                     return
                 if not alive:
                     self._forget(name)

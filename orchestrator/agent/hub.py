@@ -7,16 +7,18 @@ and honours `HF_ENDPOINT` (a mirror, or the tests' stand-in) and `HF_TOKEN` (gat
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from ..engine.support import unsupported_reason
-from .jobs import DownloadError
-from .names import InvalidName, check_relpath
+from orchestrator import settings
+from orchestrator.agent.jobs import DownloadError
+from orchestrator.agent.names import InvalidName, check_relpath
+from orchestrator.engine.support import unsupported_reason
+
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KB; the preview reads at most this much
 
 
 class HubFile(BaseModel):
@@ -49,7 +51,7 @@ class HubListing(BaseModel):
 
 def endpoint() -> str | None:
     """HF_ENDPOINT read now (not when huggingface_hub was imported): None means the real Hub."""
-    return os.environ.get("HF_ENDPOINT") or None
+    return settings.HF_ENDPOINT.read()
 
 
 def has_token() -> bool:
@@ -61,8 +63,13 @@ def has_token() -> bool:
 
 def hub_error(exc: BaseException, repo_id: str, revision: str) -> DownloadError:
     """The Hub's (or its HTTP client's) exception as one clear DownloadError."""
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = endpoint() or "https://huggingface.co"
     if isinstance(exc, GatedRepoError):  # a subclass of RepositoryNotFoundError: first
@@ -100,7 +107,7 @@ def mlx_verdict(paths: list[str]) -> str | None:
 
 def list_repo(repo_id: str, revision: str, models_root: Path, read_config: bool = True) -> HubListing:
     """The repo's files at `revision` (pinned to its commit) and what this node makes of them."""
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import HfApi
 
     try:
         info = HfApi(endpoint=endpoint()).model_info(repo_id, revision=revision, files_metadata=True)
@@ -120,14 +127,21 @@ def list_repo(repo_id: str, revision: str, models_root: Path, read_config: bool 
     model_type = unsupported = None
     commit = info.sha or revision
     gated, token = bool(getattr(info, "gated", False)), has_token()
+    listed_config = next((f.size for f in files if f.path == "config.json"), 0)
+    if reason is None and listed_config > MAX_CONFIG_BYTES:
+        reason = f"config.json is {listed_config} bytes: too large for a model configuration"
     if reason is None and read_config and not (gated and not token):
-        # config.json is a few KB: read it to tell supported from unsupported before the weights come.
+        # config.json is a few KB: read it to tell supported from unsupported before the weights
+        # come — in memory, at most MAX_CONFIG_BYTES whatever the hub sends (a 198 MiB one once
+        # landed in the system temp directory).
         try:
-            with tempfile.TemporaryDirectory() as tmp:
-                cfg = json.loads(Path(hf_hub_download(repo_id, "config.json", revision=commit, local_dir=tmp,
-                                                      endpoint=endpoint())).read_text())
+            cfg = json.loads(_read_config(repo_id, commit))
             model_type = cfg.get("model_type") if isinstance(cfg, dict) else None
             unsupported = unsupported_reason(cfg) if isinstance(cfg, dict) else "config.json is not an object"
+        except DownloadError as exc:
+            if exc.code != "oversized":
+                raise
+            reason = f"config.json is over {MAX_CONFIG_BYTES} bytes: too large for a model configuration"
         except ValueError:
             reason = "config.json is not valid JSON"
         except Exception as exc:  # noqa: BLE001
@@ -141,6 +155,20 @@ def list_repo(repo_id: str, revision: str, models_root: Path, read_config: bool 
                       total_bytes=total, gated=gated, token=token,
                       mlx=reason is None, reason=reason, model_type=model_type, unsupported_reason=unsupported,
                       disk_free_bytes=free, fits=total + (16 << 20) <= free)
+
+
+def _read_config(repo_id: str, commit: str) -> bytes:
+    """config.json of the repo at `commit`, read into memory and capped at MAX_CONFIG_BYTES."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    from orchestrator.agent.capped import CappedWriter
+
+    buf = io.BytesIO()
+    http_get(hf_hub_url(repo_id, "config.json", revision=commit, endpoint=endpoint()),
+             CappedWriter(buf, MAX_CONFIG_BYTES, "config.json"), headers=build_hf_headers())
+    return buf.getvalue()
 
 
 def _disk_free(root: Path) -> int:

@@ -18,13 +18,14 @@ import threading
 from importlib.util import find_spec
 from pathlib import Path
 
-from ..logs import EventLogger
-from ..engine.support import unsupported_reason
-from ..models.describe import ModelDescriptionError, describe_model, pattern_layer_count
-from .blocks import hash_file
-from .names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
-from .schemas import CheckResult, FileEntry, Manifest, ModelInfo
-from .state import write_private
+from orchestrator.agent.copy.blocks import hash_file
+from orchestrator.agent.names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
+from orchestrator.agent.schemas import CheckResult, FileEntry, Manifest, ModelInfo
+from orchestrator.atomic_write import write_atomically
+from orchestrator.engine.support import unsupported_reason
+from orchestrator.logs import EventLogger
+from orchestrator.models.decoder_config import HIDDEN_KEYS, ModelConfigError, decoder_view, first_int, layer_count
+from orchestrator.models.describe import ModelDescriptionError, describe_model
 
 CHUNK = 1 << 20  # hashing block
 
@@ -193,14 +194,14 @@ class Inventory:
         """Drop a deleted model's cached manifest."""
         with self._lock:
             if self._cache.pop(model_id, None) is not None:
-                write_private(self._cache_path, json.dumps(self._cache))
+                write_atomically(self._cache_path, json.dumps(self._cache))
 
     def _store(self, model_id: str, entries: dict[str, list]) -> None:
         with self._lock:
             self._cache[model_id] = entries
             for gone in [m for m in self._cache if not (self.root / m).is_dir()]:
                 del self._cache[gone]
-            write_private(self._cache_path, json.dumps(self._cache))
+            write_atomically(self._cache_path, json.dumps(self._cache))
 
     def check(self, model_id: str, expected: Manifest, rehash: bool = False) -> CheckResult:
         """Classify this node's copy: present, needs_download, or mismatch (naming the files)."""
@@ -270,23 +271,26 @@ def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> 
     except (OSError, ValueError) as exc:
         info.reason = f"config.json is not valid JSON ({exc})"
         return
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
-    pick = lambda *keys: next((src[k] for k in keys for src in (cfg, text) if src.get(k) is not None), None)  # noqa: E731
-    info.model_type = pick("model_type")
+    view = decoder_view(cfg)  # the stages' and the coordinator's reading (text_config, num_layers)
+    info.model_type = view.get("model_type")
     archs = cfg.get("architectures")
     info.family = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else info.model_type
     # The registry's verdict on config.json alone, so a model of an unknown family or a
     # vision-language model is marked even when its tensors cannot be described.
     info.unsupported_reason = unsupported_reason(cfg)
-    layers = pick("num_hidden_layers", "n_layer", "num_layers") or pattern_layer_count({**text, **cfg})
-    hidden = pick("hidden_size", "n_embd", "d_model")
-    info.num_layers = int(layers) if isinstance(layers, int) else None
-    info.hidden_size = int(hidden) if isinstance(hidden, int) else None
-    dtype = pick("torch_dtype", "dtype")
+    try:
+        layers, hidden = layer_count(view), first_int(view, HIDDEN_KEYS)
+    except ModelConfigError as exc:
+        info.reason = str(exc)
+        return
+    info.num_layers = layers
+    info.hidden_size = hidden[1] if hidden else None
+    dtype = next((view[k] for k in ("torch_dtype", "dtype") if view.get(k) is not None), None)
     info.dtype = str(dtype) if dtype is not None else None
-    quant = cfg.get("quantization") or cfg.get("quantization_config")
+    quant = view.get("quantization") or view.get("quantization_config")
     if isinstance(quant, dict) and quant.get("bits"):
-        info.quantization = f"{quant['bits']}-bit" + (f", group {quant['group_size']}" if quant.get("group_size") else "")
+        group = f", group {quant['group_size']}" if quant.get("group_size") else ""
+        info.quantization = f"{quant['bits']}-bit{group}"
     weights = [p for p in files if p.endswith(".safetensors")]
     if not weights:
         if any(p.endswith(".gguf") for p in files):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .schemas import DownloadInfo, FileEntry, Manifest
+from orchestrator.agent.schemas import DownloadInfo, FileEntry, Manifest
 
 RATE_WINDOW_S = 3.0
 

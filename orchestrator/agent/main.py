@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
 import socket
 from pathlib import Path
 
-from .. import logs
-from .report import parse_port_range, parse_size
+from orchestrator import logs, settings
+from orchestrator.agent.report import parse_port_range, parse_size
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,39}")
 
@@ -37,15 +36,16 @@ def _ports(text: str) -> tuple[int, int]:
 
 def default_state_dir(name: str) -> Path:
     """$XDG_STATE_HOME/pipeserve/agent-NAME (else ~/.local/state/...): one per agent name."""
-    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "pipeserve" / f"agent-{name}"
+    base = settings.XDG_STATE_HOME.read() or Path.home() / ".local" / "state"
+    return base / "pipeserve" / f"agent-{name}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register `pipeserve agent` options."""
     default_name = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname())[:40].strip("-") or "node"
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address to serve on (default 127.0.0.1; the node's LAN address or 0.0.0.0 to be reachable)")
+                        help="address to serve on (default 127.0.0.1; the node's LAN address or 0.0.0.0 "
+                             "to be reachable)")
     parser.add_argument("--port", type=int, default=39500, help="HTTP port (default 39500; 0 picks a free one)")
     parser.add_argument("--name", type=_name, default=default_name, help="node name shown in the dashboard")
     parser.add_argument("--models-dir", required=True, type=Path, help="directory holding one directory per model")
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the agent and serve until SIGTERM/SIGINT; returns the exit status."""
-    from .agent import Agent, AgentConfig
+    from orchestrator.agent.agent import Agent, AgentConfig
 
     log = logs.setup(f"agent-{args.name}", args.log_level)
     config = AgentConfig(name=args.name, host=args.host, port=args.port, models_dir=args.models_dir,

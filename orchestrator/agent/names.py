@@ -35,6 +35,9 @@ def check_model_id(value: str) -> str:
     return check_id(value, "model id")
 
 
+PARTIAL_SUFFIX = ".part"  # what a file being downloaded is called until it is verified
+
+
 def check_relpath(value: str) -> str:
     """Return a model file's relative path ("a/b.json") if safe, else raise InvalidName."""
     if not isinstance(value, str) or not value or len(value) > 1024:
@@ -46,4 +49,9 @@ def check_relpath(value: str) -> str:
         if part in (".", "..") or not _COMPONENT.fullmatch(part):
             raise InvalidName(f"invalid file path {value!r}: components use A-Z a-z 0-9 . _ + -, "
                               f"no '.', '..', empty parts or absolute paths")
+    if value.endswith(PARTIAL_SUFFIX):
+        # The agent's own partial files are named so: a source's `x.part` would be overwritten
+        # by the partial of `x` (a job once reported done with the file missing).
+        raise InvalidName(f"invalid file path {value!r}: names ending in {PARTIAL_SUFFIX} are this agent's "
+                          "partial downloads")
     return value

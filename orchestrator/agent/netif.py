@@ -14,8 +14,8 @@ import platform
 import re
 from pathlib import Path
 
-from .perf_schemas import NetInterface
-from .report import command_output
+from orchestrator.agent.perf_schemas import NetInterface
+from orchestrator.agent.report import command_output
 
 SYS_NET = Path("/sys/class/net")
 SYS_IB = Path("/sys/class/infiniband")
@@ -115,7 +115,8 @@ def mac_interfaces() -> list[NetInterface]:
         elif name and (m := re.match(r"\s+inet6? (\S+)", line)):
             addrs[name].append(m.group(1).split("%")[0])
     for n, a in addrs.items():
-        kind = "loopback" if n.startswith("lo") else kinds.get(n, "virtual" if n.startswith(("bridge", "utun")) else "other")
+        guess = "virtual" if n.startswith(("bridge", "utun")) else "other"
+        kind = "loopback" if n.startswith("lo") else kinds.get(n, guess)
         out.append(NetInterface(name=n, kind=kind, addresses=a))  # type: ignore[arg-type]
     return out
 

@@ -30,6 +30,8 @@ class LinkPeer(BaseModel):
     name: str = Field(default="", max_length=128)
     url: str = Field(min_length=1, max_length=256)
     ticket: str = Field(min_length=1, max_length=256, repr=False)
+    # the address the peer's stage will be given (planner/transport.py); "" = the url's host
+    transport_host: str = Field(default="", max_length=64)
 
 
 class MeasureLinksRequest(BaseModel):
@@ -51,10 +53,24 @@ class LinkSample(BaseModel):
     url: str
     rtt_ms: float | None = None  # the kernel's TCP round-trip estimate (network only)
     http_rtt_ms: float | None = None  # a small authenticated request, median (what software adds included)
+    # a framed round trip on the stage transport's path (agent/linkecho.py), relays included
+    path_rtt_ms: float | None = None
+    path: str = ""  # "host:port" that path reached (empty: an older peer, measured over HTTP only)
     bandwidth_Bps: float | None = None  # from two payload sizes: fixed costs cancel out
+    bandwidth_lower_bound: bool = False  # too fast to measure: the link carries at least bandwidth_Bps
     interface: str = ""  # the local interface the traffic leaves by
     at: float = 0.0  # unix time
     error: str | None = None
+
+    @property
+    def plan_rtt_ms(self) -> float | None:
+        """The round trip plans and the link matrix take: through the transport's path when
+        measured there (a user-space relay's delay included, which the kernel's estimate of the
+        first hop misses), else the kernel's estimate, else the HTTP one."""
+        for value in (self.path_rtt_ms, self.rtt_ms, self.http_rtt_ms):
+            if value is not None:
+                return value
+        return None
 
 
 class LinkList(BaseModel):
@@ -76,7 +92,7 @@ class ComputeProfile(BaseModel):
     head_ms_rows: tuple[tuple[int, float], ...] = ()
     prefill_ms_per_token: float
     prefill_ms_per_token_per_k: float = 0.0
-    # per-step cost beyond the layers (engine/profile_step.py); 0 in profiles from before it
+    # per-step cost beyond the layers (engine/profiling/step.py); 0 in profiles from before it
     step_ms_b1: float = 0.0
     step_ms_bB: float = 0.0
     last_step_ms_b1: float = 0.0
@@ -84,6 +100,11 @@ class ComputeProfile(BaseModel):
     coordinator_ms_b1: float = 0.0
     coordinator_ms_bB: float = 0.0
     threads: tuple[int, int] = (0, 0)  # (base, solo) BLAS threads it ran with; 0 = the library's default
+    load: float = 0.0  # the machine's 1-minute load average when the timing started (0: unknown)
+    cpus: int = 0  # its CPU count then (0: unknown)
+    spread: float = 0.0  # how far the rounds of one timed step disagreed (max / min - 1)
+    doubt: str = ""  # the busy-machine rule's (planner/timing_doubt.py) after the last try; "" trusted
+    tries: int = 1  # timings taken (again while doubted, agent/compute.py)
     at: float = 0.0
 
 

@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from .report import command_output
+from orchestrator.agent.report import command_output
 
 
 def process_identity(pid: int) -> str | None:

@@ -23,15 +23,17 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..engine.config import ClusterConfig, ConfigError
-from ..logs import EventLogger
-from ..proc import SYSTEM_CLOCK, ChildError, ChildProcess, Clock, ProcState
-from .commands import SECRET_ENV, child_env, pipeserve_command
-from .inventory import Inventory
-from .probes import port_listening, process_identity as _identity
-from .report import process_rss
-from .schemas import ProcessInfo, StartProcessRequest
-from .state import private_dir, write_private
+from orchestrator.agent.identity import private_dir
+from orchestrator.agent.inventory import Inventory
+from orchestrator.agent.probes import port_listening
+from orchestrator.agent.probes import process_identity as _identity
+from orchestrator.agent.programs import SECRET_ENV, child_env, pipeserve_command
+from orchestrator.agent.report import process_rss
+from orchestrator.agent.schemas import ProcessInfo, StartProcessRequest
+from orchestrator.atomic_write import write_atomically
+from orchestrator.engine.config import ClusterConfig, ConfigError
+from orchestrator.logs import EventLogger
+from orchestrator.proc import SYSTEM_CLOCK, ChildError, ChildProcess, Clock, ProcState
 
 KEEP_EXITED = 64  # records of exited processes kept for post-mortems
 
@@ -136,7 +138,8 @@ class ProcessManager:
             host, port = req.http_host or self.agent_host, req.http_port
         lo, hi = self.port_range
         if not lo <= port <= hi:
-            raise ProcessError(400, f"port {port} is outside this node's transport range {lo}-{hi}", "port_out_of_range")
+            raise ProcessError(400, f"port {port} is outside this node's transport range {lo}-{hi}",
+                               "port_out_of_range")
         model_dir = self.inventory.model_dir(req.model_id)
         spec = req.model_dump()
         spec["secret"] = hashlib.sha256(req.secret.encode()).hexdigest()
@@ -178,10 +181,10 @@ class ProcessManager:
     def _spawn(self, req: StartProcessRequest, model_dir: Path, host: str, port: int, spec_sha: str) -> Managed:
         workdir = private_dir(self.root / req.cluster_id / req.node_id)
         config_path = workdir / "cluster.toml"
-        write_private(config_path, req.config)
+        write_atomically(config_path, req.config)
         log_path = workdir / "output.log"
         if log_path.exists():
-            os.replace(log_path, workdir / "output.log.1")
+            os.replace(log_path, workdir / "output.log.prev")  # .1 is the size rotation's (log_limits)
         args = ["--config", str(config_path), "--node-id", req.node_id, "--model", str(model_dir)]
         if req.kind == "stage" and req.threads:
             args += ["--threads", str(req.threads)]
@@ -205,7 +208,7 @@ class ProcessManager:
 
     def _persist(self, m: Managed) -> None:
         workdir = private_dir(self.root / m.cluster_id / m.node_id)
-        write_private(workdir / "record.json", json.dumps(m.record()))
+        write_atomically(workdir / "record.json", json.dumps(m.record()))
 
     def _prune(self) -> None:
         exited = sorted((m for m in self._procs.values() if m.child.state.gone), key=lambda m: m.started_at)

@@ -18,8 +18,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from .. import __version__
-from .schemas import Accelerator, Memory, Ports
+from orchestrator import __version__
+from orchestrator.agent.schemas import Accelerator, Memory, Ports
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -12,9 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
-from ..models.describe import ModelDescription
-from .names import check_id, check_model_id, check_relpath
-from .perf_schemas import ComputeProfile, LinkSample, NetInterface
+from orchestrator.agent.names import check_id, check_model_id, check_relpath
+from orchestrator.agent.perf_schemas import ComputeProfile, LinkSample, NetInterface
+from orchestrator.models.describe import ModelDescription
 
 API_VERSION = 1
 MAX_MANIFEST_FILES = 10_000
@@ -294,7 +294,7 @@ class StartProcessRequest(_Request):
     cluster_id: str
     node_id: str
     model_id: str
-    config: str = Field(min_length=1, max_length=65_536)  # the cluster TOML (README "Cluster configuration")
+    config: str = Field(min_length=1, max_length=65_536)  # the cluster TOML (docs/configuration.md, "The cluster TOML")
     secret: str = Field(min_length=16, max_length=512)  # passed to the child in its environment
     lease_s: float = Field(default=30.0, ge=1.0, le=3600.0)
     http_host: str | None = None  # coordinator only

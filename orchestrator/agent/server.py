@@ -14,22 +14,38 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed, route
-from .inventory import ModelNotFound
-from .names import InvalidName, check_id, check_model_id, check_relpath
-from .perf_routes import routes as perf_routes, ticket_allows
-from .processes import ProcessError
-from .schemas import (CancelRequest, CheckRequest, DownloadList, FetchRequest, HubSource, LeaseRequest, LeaseResponse,
-                      LogsResponse, ModelList, PairRequest, PairResponse, ProcessList, StartProcessRequest,
-                      StopRequest, TicketRequest, TicketResponse)
-from .jobs import Conflict, DiskSpaceError, DownloadError
+from orchestrator.agent.inventory import ModelNotFound
+from orchestrator.agent.jobs import Conflict, DiskSpaceError, DownloadError
+from orchestrator.agent.names import InvalidName, check_id, check_model_id, check_relpath
+from orchestrator.agent.perf_routes import routes as perf_routes
+from orchestrator.agent.perf_routes import ticket_allows
+from orchestrator.agent.processes import ProcessError
+from orchestrator.agent.schemas import (
+    CancelRequest,
+    CheckRequest,
+    DownloadList,
+    FetchRequest,
+    HubSource,
+    LeaseRequest,
+    LeaseResponse,
+    LogsResponse,
+    ModelList,
+    PairRequest,
+    PairResponse,
+    ProcessList,
+    StartProcessRequest,
+    StopRequest,
+    TicketRequest,
+    TicketResponse,
+)
+from orchestrator.httpkit import App, Limits, OpenAIError, Request, Route, Server, Streamed, route
 
 if TYPE_CHECKING:
-    from .agent import Agent
+    from orchestrator.agent.agent import Agent
 
 MAX_BODY = 1 << 20  # the largest legitimate body is a start request with a 64 KiB TOML
 SEND_CHUNK = 256 << 10
-_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
+_RANGE = re.compile(r"bytes=(\d{1,19})-(\d{0,19})")  # 19 digits: any file size (more once gave a 500)
 
 ID = r"(?P<{}>[^/]+)"
 MODEL = r"/v1/models/" + ID.format("model_id")
@@ -144,7 +160,7 @@ def build_routes(agent: "Agent") -> list[Route]:
         return {"deleted": model_id}
 
     def hub_listing(request: Request) -> Any:
-        from .hub import list_repo  # imports huggingface_hub: only when a hub is asked
+        from orchestrator.agent.hub import list_repo  # imports huggingface_hub: only when a hub is asked
 
         try:
             src = HubSource(kind="hf", repo_id=f"{request.params['org']}/{request.params['name']}",
@@ -234,7 +250,8 @@ def _file_response(agent: "Agent", request: Request) -> Streamed:
         if header:
             m = _RANGE.fullmatch(header.strip())
             if not m:
-                raise OpenAIError(416, f"unsupported Range {header!r}: use one 'bytes=START-[END]'", code="bad_range")
+                raise OpenAIError(416, f"unsupported Range {header[:64]!r}: use one 'bytes=START-[END]'",
+                                  code="bad_range")
             start = int(m.group(1))
             end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
             if start >= size or end < start:

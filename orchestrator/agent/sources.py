@@ -16,12 +16,13 @@ import subprocess
 import threading
 from pathlib import Path
 
-from ..logs import EventLogger
-from .commands import child_env, pipeserve_command
-from .hub import endpoint, hub_error, list_repo
-from .blocks import hash_file
-from .schemas import DemoSource, FileEntry, HubSource, Manifest
-from .jobs import Cancelled, DownloadError, Job
+from orchestrator.agent.capped import CappedWriter
+from orchestrator.agent.copy.blocks import hash_file
+from orchestrator.agent.hub import endpoint, hub_error, list_repo
+from orchestrator.agent.jobs import Cancelled, DownloadError, Job
+from orchestrator.agent.programs import child_env, pipeserve_command
+from orchestrator.agent.schemas import DemoSource, FileEntry, HubSource, Manifest
+from orchestrator.logs import EventLogger
 
 # Sizes of the demo import (SmolLM2-135M-Instruct) plus the wheel it is converted from.
 HUB_CHUNK = 1 << 20
@@ -76,8 +77,10 @@ def _hub_file(job: Job, repo_id: str, commit: str, rel: str, size: int, path: Pa
         job.current_bytes = offset
         job.resumed_bytes += offset
     with open(part, "ab") as f:
-        http_get(hf_hub_url(repo_id, rel, revision=commit, endpoint=endpoint()), f, resume_size=offset,
-                 headers=build_hf_headers(), expected_size=size, tqdm_class=progress)
+        # Capped at the listed size: a hub that streams more than it announced writes no more
+        # than the disk space the job was admitted with (200 MiB per file once, kept on disk).
+        http_get(hf_hub_url(repo_id, rel, revision=commit, endpoint=endpoint()), CappedWriter(f, size, rel),
+                 resume_size=offset, headers=build_hf_headers(), expected_size=size, tqdm_class=progress)
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, path)
@@ -160,7 +163,8 @@ def fetch_hub(job: Job, source: HubSource, files_dir: Path, log: EventLogger) ->
             job.offer(rel, got[rel])  # verified: peers following this download may copy it now
     except (Cancelled, DownloadError):
         raise
-    except Exception as exc:  # HfHubHTTPError, its HTTP client's connection errors, OSError: one clear failure
+    # HfHubHTTPError, its HTTP client's connection errors, OSError: one clear failure
+    except Exception as exc:  # noqa: BLE001
         raise hub_error(exc, source.repo_id, source.revision) from None
     _compare(job, got)
     return Manifest(files=got)

@@ -19,14 +19,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..logs import EventLogger
-from ..units import format_bytes
-from .inventory import Inventory, ModelNotFound
-from .jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
-from .copier import copy_from_peers
-from .follow import follow_peer
-from .schemas import DownloadInfo, FetchRequest, Manifest, OfferedFiles, PeerSource
-from .state import write_private
+from orchestrator import settings
+from orchestrator.agent.copy.copier import copy_from_peers
+from orchestrator.agent.copy.follow import follow_peer
+from orchestrator.agent.inventory import Inventory, ModelNotFound
+from orchestrator.agent.jobs import Cancelled, Conflict, DiskSpaceError, DownloadError, Job
+from orchestrator.agent.schemas import DownloadInfo, FetchRequest, Manifest, OfferedFiles, PeerSource
+from orchestrator.atomic_write import write_atomically
+from orchestrator.logs import EventLogger
+from orchestrator.units import format_bytes
 
 DISK_MARGIN = 16 << 20  # keep this much free beyond the download (logs, caches)
 
@@ -59,8 +60,9 @@ class Downloads:
 
     def __init__(self, inventory: Inventory, log: EventLogger,
                  other_sources: dict[str, SourceFn] | None = None,
-                 users: Callable[[str], list[str]] | None = None) -> None:
+                 users: Callable[[str], list[str]] | None = None, follow_deadline_s: float | None = None) -> None:
         self.inventory = inventory
+        self.follow_deadline_s = settings.FOLLOW_DEADLINE_S.read() if follow_deadline_s is None else follow_deadline_s
         self._users = users or (lambda model_id: [])  # running processes using a model
         self.work_root = inventory.root / ".partial"
         self.log = log
@@ -146,7 +148,7 @@ class Downloads:
             shutil.rmtree(work, ignore_errors=True)
         (work / "files").mkdir(parents=True, exist_ok=True)
         if not same:
-            write_private(work / "request.json", key)
+            write_atomically(work / "request.json", key)
         return work
 
     def _check_disk(self, needed: int, exclude: Job | None = None) -> None:
@@ -334,7 +336,7 @@ class Downloads:
 
     def _from_peer(self, job: Job, source: PeerSource, files_dir: Path) -> Manifest:
         if source.follow:
-            return follow_peer(job, source, files_dir, self.log)
+            return follow_peer(job, source, files_dir, self.log, deadline_s=self.follow_deadline_s)
         assert job.manifest is not None
         copy_from_peers(job, source, files_dir, self._reuse_local(job, files_dir), self.log)
         return job.manifest

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 from urllib.parse import urlsplit
 
-from .state import Node, Session, Settings
+from orchestrator.control.state import Node, Session, Settings
 
 if TYPE_CHECKING:
-    from ..agent.hub import HubListing
-    from .download_state import HubRef, ModelDownload
+    from orchestrator.agent.hub import HubListing
+    from orchestrator.control.download_state import HubRef, ModelDownload
 
 Split = tuple[tuple[int, int], ...]  # a manual split: inclusive (first, last) layer range per stage
 
@@ -94,6 +94,8 @@ class LaunchSingle:
     node_id: str
     session_id: str
     now: float
+    context_length: int = 4096  # the memory check's and the engine's bounds (planning.single_session)
+    concurrency: int = 4
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,19 @@ class CancelDownload:
 
 
 @dataclass(frozen=True)
+class ClearDownloads:
+    """Clear the finished downloads from the Downloads list (running ones stay)."""
+
+
+@dataclass(frozen=True)
+class VerifyCopy:
+    """Verify one node's copy of a model: the agent hashes every file again against its manifest."""
+
+    model_id: str
+    node_id: str
+
+
+@dataclass(frozen=True)
 class DeleteModel:
     """Delete a model from one node."""
 
@@ -158,7 +173,8 @@ class DeleteModel:
 
 
 Command = Union[UpdateSettings, AddNode, RemoveNode, PrepareModel, PreviewPlan, LaunchCluster, LaunchSingle,
-                LaunchSession, StopSession, ResumeSession, DownloadModel, ResumeDownload, CancelDownload, DeleteModel]
+                LaunchSession, StopSession, ResumeSession, DownloadModel, ResumeDownload, CancelDownload, DeleteModel,
+                VerifyCopy, ClearDownloads]
 
 
 def agent_url(address: str) -> str:

@@ -21,22 +21,39 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .. import logs
-from ..agent.client import AgentClient, AgentError
-from ..registrar import Registrar
-from . import events as ev
-from . import store
-from .commands import (AddNode, Command, CommandRefused, LaunchCluster, LaunchSession, LaunchSingle, PrepareModel,
-                       PreviewPlan, RemoveNode, StopSession, UpdateSettings, agent_url, new_session_id)
-from .decide import Decision, decide, react
-from .effects import EffectRunner
-from .launcher import Timeouts
-from .state import Node, Session, Settings, State
-from .transitions import apply
+from orchestrator import logs
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.control import events as ev
+from orchestrator.control import store
+from orchestrator.control.commands import (
+    AddNode,
+    Command,
+    CommandRefused,
+    LaunchCluster,
+    LaunchSession,
+    LaunchSingle,
+    PrepareModel,
+    PreviewPlan,
+    RemoveNode,
+    StopSession,
+    UpdateSettings,
+    agent_url,
+    new_session_id,
+)
+from orchestrator.control.decide import Decision, decide, react
+from orchestrator.control.effects import EffectRunner
+from orchestrator.control.launcher import Timeouts
+from orchestrator.control.models import ModelManager
+from orchestrator.control.ports import Ports
+from orchestrator.control.state import Node, Session, Settings, State
+from orchestrator.control.transitions import apply
+from orchestrator.proc.clock import SYSTEM_CLOCK
+from orchestrator.proc.wait import WaitTimeout, wait_until
+from orchestrator.registrar import Registrar
 
 if TYPE_CHECKING:
-    from .download_state import HubRef
-    from ..planner import Plan, Refusal
+    from orchestrator.control.download_state import HubRef
+    from orchestrator.planner import Plan, Refusal
 
 
 class Orchestrator:
@@ -54,7 +71,7 @@ class Orchestrator:
         self._inbox: queue.Queue = queue.Queue()  # events, and (command, future or None) pairs
         self._clients: dict[tuple[str, str], AgentClient] = {}
         self._clients_lock = threading.Lock()
-        from .secrets import SecretStore
+        from orchestrator.control.secrets import SecretStore
 
         self.secrets = SecretStore(self.state_dir)
         self._thread: threading.Thread | None = None
@@ -62,13 +79,18 @@ class Orchestrator:
         self._discovery = discovery
         self._discovery_interfaces = discovery_interfaces
         self._browser = None
-        from .watcher import Watcher
+        from orchestrator.control.watcher import Watcher
 
-        self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s)
-        self.effects = EffectRunner(self)
-        from .models import ModelManager
-
-        self.models = ModelManager(self)  # Models tab: hub downloads, single-node serving, deletion
+        self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s,
+                               secret_of=self.secrets.get)
+        # What the workers may use of this orchestrator (never the orchestrator itself: control/ports.py)
+        # (looked up at each call, so what a test replaces on the orchestrator reaches the workers)
+        self.ports = Ports(state=lambda: self._state, post=lambda e: self.post(e), submit=lambda c: self.submit(c),
+                           command=lambda c: self.command(c), agent=lambda node_id: self.agent(node_id),
+                           registrar=self.registrar, secrets=self.secrets, timeouts=self.timeouts,
+                           clock=SYSTEM_CLOCK, log=self.log)
+        self.models = ModelManager(self.ports, self.state_dir, self.launch_single)  # Models tab: downloads, deletion
+        self.effects = EffectRunner(self.ports, self.models, self.watcher.inspect)
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self, *, look: bool = True) -> "Orchestrator":
@@ -85,7 +107,7 @@ class Orchestrator:
         self.watcher.start()
         self.models.resume()  # downloads that were running when the dashboard stopped
         if self._discovery:
-            from ..agent.discovery import NodeBrowser
+            from orchestrator.agent.discovery import NodeBrowser
 
             self._browser = NodeBrowser(self._discovery_interfaces, on_change=self._discovered).start()
         return self
@@ -95,7 +117,7 @@ class Orchestrator:
         if change == "removed":
             self.post(ev.NodeVanished(fingerprint=node.fingerprint))
         else:
-            from .state import DiscoveredNode
+            from orchestrator.control.state import DiscoveredNode
 
             self.post(ev.NodeDiscovered(node=DiscoveredNode(fingerprint=node.fingerprint, name=node.name, url=node.url,
                                                             accelerator=node.accelerator, models=tuple(node.models))))
@@ -238,9 +260,11 @@ class Orchestrator:
         return _created(self.command(LaunchCluster(model_id, tuple(node_ids), new_session_id(), time.time(),
                                                     context_length, concurrency, _split(manual_split))))
 
-    def launch_single(self, model_id: str, node_id: str) -> Session:
-        """Serve the whole model from one node (the baseline session, same machinery)."""
-        return _created(self.command(LaunchSingle(model_id, node_id, new_session_id(), time.time())))
+    def launch_single(self, model_id: str, node_id: str, context_length: int = 4096, concurrency: int = 4) -> Session:
+        """Serve the whole model from one node (the baseline session, same machinery); refused when
+        it does not fit the node's free memory at this context length and concurrency."""
+        return _created(self.command(LaunchSingle(model_id, node_id, new_session_id(), time.time(), context_length,
+                                                  concurrency)))
 
     def launch(self, session: Session, model_id: str) -> Session:
         """Create a session from placements (see `planning`) and launch it in the background."""
@@ -252,11 +276,10 @@ class Orchestrator:
 
     def wait(self, predicate: Callable[[State], bool], timeout: float = 60.0) -> State:
         """Block until predicate(state) holds (for tests and scripts); raises TimeoutError."""
-        deadline = time.monotonic() + timeout
-        while not predicate(self._state):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"condition not reached within {timeout} s")
-            time.sleep(0.02)
+        try:
+            wait_until(lambda: predicate(self._state), timeout, 0.02, message="the state's condition")
+        except WaitTimeout:
+            raise TimeoutError(f"condition not reached within {timeout} s") from None
         return self._state
 
 

@@ -12,19 +12,53 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from ..planner import Plan, Refusal, plan_to_cluster_toml
-from . import events as ev
-from .commands import (AddNode, CancelDownload, Command, CommandRefused, DeleteModel, DownloadModel, LaunchCluster,
-                       LaunchSession, LaunchSingle, PrepareModel, PreviewPlan, RemoveNode, ResumeDownload,
-                       ResumeSession, Split, StopSession, UpdateSettings)
-from .launcher import timeline
-from .model_rules import ModelEffect, decide_cancel, decide_delete, decide_download, decide_resume, deletion_conflict
-from .perf import lacking
-from .planning import PlanningError, plan_for, plan_settings, session_from_plan, session_name, single_session
-from .state import Health, PreviewedPlan, Session, State
+from orchestrator.control import events as ev
+from orchestrator.control.commands import (
+    AddNode,
+    CancelDownload,
+    ClearDownloads,
+    Command,
+    CommandRefused,
+    DeleteModel,
+    DownloadModel,
+    LaunchCluster,
+    LaunchSession,
+    LaunchSingle,
+    PrepareModel,
+    PreviewPlan,
+    RemoveNode,
+    ResumeDownload,
+    ResumeSession,
+    Split,
+    StopSession,
+    UpdateSettings,
+    VerifyCopy,
+)
+from orchestrator.control.download_events import DownloadsCleared
+from orchestrator.control.measured import lacking
+from orchestrator.control.model_rules import (
+    ModelEffect,
+    decide_cancel,
+    decide_delete,
+    decide_download,
+    decide_resume,
+    decide_verify,
+    deletion_conflict,
+)
+from orchestrator.control.planning import (
+    PlanningError,
+    plan_for,
+    plan_settings,
+    session_from_plan,
+    session_name,
+    single_session,
+)
+from orchestrator.control.state import Health, PreviewedPlan, Session, State
+from orchestrator.control.timelines import timeline
+from orchestrator.planner import Plan, Refusal, plan_to_cluster_toml
 
 if TYPE_CHECKING:
-    from .download_state import HubRef
+    from orchestrator.control.download_state import HubRef
 
 LIVE = ("launching", "running", "recovering")  # phases a stop applies to
 
@@ -105,7 +139,7 @@ class Decision:
 
 
 # --- decide ---------------------------------------------------------------------------------
-def decide(state: State, command: Command) -> Decision:  # noqa: C901 (one case per command)
+def decide(state: State, command: Command) -> Decision:
     """The events and effects of `command` against `state`; CommandRefused names a broken rule."""
     match command:
         case UpdateSettings(settings=settings):
@@ -131,7 +165,8 @@ def decide(state: State, command: Command) -> Decision:  # noqa: C901 (one case 
             return _launch_cluster(state, command)
         case LaunchSingle(model_id=model_id, node_id=node_id, session_id=session_id, now=now):
             try:
-                session = single_session(state, session_id, model_id, node_id)
+                session = single_session(state, session_id, model_id, node_id, command.context_length,
+                                         command.concurrency)
             except PlanningError as exc:
                 raise CommandRefused(str(exc)) from None
             return _launch(state, session, model_id, now)
@@ -149,6 +184,10 @@ def decide(state: State, command: Command) -> Decision:  # noqa: C901 (one case 
             return Decision(*decide_cancel(state, command))
         case DeleteModel():
             return Decision(*decide_delete(state, command))
+        case VerifyCopy():
+            return Decision(*decide_verify(state, command))
+        case ClearDownloads():
+            return Decision((DownloadsCleared(),))
     raise TypeError(f"not a command: {command!r}")
 
 
@@ -201,7 +240,7 @@ def _launch_cluster(state: State, c: LaunchCluster) -> Decision:
     prep = state.preparation
     if prep is None or prep.model_id != c.model_id or not prep.ready or \
             not set(c.node_ids) <= {n.node_id for n in prep.nodes}:
-        raise CommandRefused("prepare the model on every selected node first (all must be Present and verified)")
+        raise CommandRefused("prepare the model on every selected node first (every copy must be Verified)")
     preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split)
     plan = preview.plan.result
     if isinstance(plan, Refusal):

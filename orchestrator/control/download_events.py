@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from .download_state import DownloadPhase, ModelDeletion, ModelDownload, NodeDownload
-from .events import LOCAL_MODELS, MODEL_DOWNLOADS, Event
-from .state import State
+from orchestrator.control.download_state import DownloadPhase, ModelDeletion, ModelDownload, NodeDownload
+from orchestrator.control.event_base import LOCAL_MODELS, MODEL_DOWNLOADS, Event
+from orchestrator.control.state import State
 
 KEPT = 8  # finished downloads kept for the dashboard (running ones are always kept)
 
@@ -53,6 +53,14 @@ class ModelDownloadFinished(Event):
     error: str = ""
 
 
+class DownloadsCleared(Event):
+    """The finished downloads were cleared from the list (running ones stay)."""
+
+    kind: Literal["downloads_cleared"] = "downloads_cleared"
+    persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
+    touches: ClassVar[frozenset[str]] = frozenset({MODEL_DOWNLOADS})
+
+
 class ModelDeletionStarted(Event):
     """A model's deletion from a node was accepted (nothing may start on it until it ends)."""
 
@@ -92,6 +100,9 @@ def apply_download(state: State, e: Event) -> State:
     if isinstance(e, ModelDownloadListed):
         return _replace(state, e.model_id, lambda d: d.model_copy(update={
             "commit": e.commit, "total_bytes": e.total_bytes, "files": e.files}))
+    if isinstance(e, DownloadsCleared):
+        running = tuple(d for d in state.downloads if not d.finished)
+        return state if len(running) == len(state.downloads) else state.model_copy(update={"downloads": running})
     if isinstance(e, ModelDownloadFinished):
         return _replace(state, e.model_id, lambda d: d.model_copy(update={"phase": e.phase, "error": e.error}))
     if isinstance(e, ModelDeletionStarted | ModelDeletionFinished):
@@ -112,12 +123,3 @@ def apply_download(state: State, e: Event) -> State:
 def deleting(state: State, model_id: str, node_id: str) -> bool:
     """Whether the model is being deleted from the node right now."""
     return any(d.model_id == model_id and d.node_id == node_id and d.phase == "running" for d in state.deletions)
-
-
-def verified_holders(state: State, model_id: str) -> set[str]:
-    """Nodes whose copy of the model the control plane saw verified (a download or a preparation)."""
-    held = {n.node_id for d in state.downloads if d.model_id == model_id for n in d.nodes if n.status == "verified"}
-    prep = state.preparation
-    if prep is not None and prep.model_id == model_id:
-        held |= {n.node_id for n in prep.nodes if n.status == "present"}
-    return held

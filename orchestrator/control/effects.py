@@ -2,37 +2,51 @@
 
 `EffectRunner.run` is called on the orchestrator thread with the effects of a decision or a
 reaction, and must never block it: each effect becomes a worker thread (launch, teardown,
-recovery, preparation, measuring, re-adoption, a model's download or deletion) that talks to agents, coordinators and the
-router and answers with events (`Orchestrator.post`) or, when what it found needs a rule, a
-command. The runner also owns the cancel flags of running launches and recoveries.
+recovery, preparation, measuring, re-adoption, a model's download or deletion) that talks to
+agents, coordinators and the router and answers with events (`Orchestrator.post`) or, when what
+it found needs a rule, a command. The runner also owns the cancel flags of running launches and
+recoveries.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..agent.client import AgentClient
-from . import events as ev
-from .commands import PreviewPlan, ResumeSession
-from .decide import (CancelWork, Effect, MeasureAfterPreview, Readopt, RunPreparation, StartLaunch, StartRecovery,
-                     StartTeardown)
-from .launcher import Launcher
-from .model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
-from .state import Session
+from orchestrator.agent.client import AgentClient
+from orchestrator.control import events as ev
+from orchestrator.control.commands import PreviewPlan, ResumeSession
+from orchestrator.control.decide import (
+    CancelWork,
+    Effect,
+    MeasureAfterPreview,
+    Readopt,
+    RunPreparation,
+    StartLaunch,
+    StartRecovery,
+    StartTeardown,
+)
+from orchestrator.control.launcher import Launcher
+from orchestrator.control.model_rules import CancelDownloadWork, CheckCopyFiles, DeleteModelFiles, RunDownload
+from orchestrator.control.ports import Ports
+from orchestrator.control.state import Session
 
 if TYPE_CHECKING:
-    from .core import Orchestrator
+    from orchestrator.control.models import ModelManager
 
 
 class EffectRunner:
     """Maps each effect type to its worker; one per Orchestrator."""
 
-    def __init__(self, orch: "Orchestrator") -> None:
-        self.orch = orch
-        self.log = orch.log
+    def __init__(self, ports: Ports, models: ModelManager,
+                 inspect: Callable[[Session], tuple[Any, str | None, tuple[str, ...]]]) -> None:
+        self.ports = ports
+        self.models = models  # the Models tab's worker: downloads and deletions
+        self.inspect = inspect  # the watcher's one look at a session (after a restart)
+        self.log = ports.log
         # session id -> cancel flag of its launch or recovery; only the orchestrator thread adds
         # flags (run), workers only read and set them
         self._cancels: dict[str, threading.Event] = {}
@@ -55,20 +69,22 @@ class EffectRunner:
                 case RunPreparation():
                     self._prepare(effect)
                 case MeasureAfterPreview():
-                    from .perf import refresh_after_preview
+                    from orchestrator.control.perf import refresh_after_preview
 
                     again = PreviewPlan(effect.model_id, effect.node_ids, effect.context_length, effect.concurrency,
                                         effect.manual_split, measure=False, only_if_shown=True)
-                    self._spawn(refresh_after_preview, self.orch, effect.model_id, list(effect.node_ids),
-                                effect.links, effect.timing, lambda: self.orch.submit(again))
+                    self._spawn(refresh_after_preview, self.ports, effect.model_id, list(effect.node_ids),
+                                effect.links, effect.timing, functools.partial(self.ports.submit, again))
                 case Readopt(session=s):
                     self._spawn(self._readopt, s)
                 case RunDownload(download=dl):
-                    self.orch.models.run(dl)  # its own worker thread
+                    self.models.run(dl)  # its own worker thread
                 case CancelDownloadWork(model_id=model_id):
-                    self.orch.models.cancel_work(model_id)
+                    self.models.cancel_work(model_id)
                 case DeleteModelFiles(model_id=model_id, node_id=node_id):
-                    self._spawn(self.orch.models.delete_files, model_id, node_id)
+                    self._spawn(self.models.delete_files, model_id, node_id)
+                case CheckCopyFiles(model_id=model_id, node_id=node_id, reference=reference):
+                    self._spawn(self.models.check_files, model_id, node_id, reference)
                 case _:
                     raise TypeError(f"not an effect: {effect!r}")
 
@@ -81,78 +97,80 @@ class EffectRunner:
         threading.Thread(target=fn, args=args, name=fn.__name__.strip("_"), daemon=True).start()
 
     def _agents_for(self, s: Session) -> dict[str, AgentClient]:
-        agents = {nid: self.orch.agent(nid) for nid in s.node_ids}
+        agents = {nid: self.ports.agent(nid) for nid in s.node_ids}
         return {k: v for k, v in agents.items() if v is not None}
 
     # --- workers (each in its own thread) ---------------------------------------------------
     def _launch(self, s: Session, model_id: str, cancel: threading.Event) -> None:
         secret = secrets.token_hex(24)
-        self.orch.secrets.put(s.id, secret)  # a replaced stage rejoins with it
-        launcher = Launcher(s, self._agents_for(s), self.orch.registrar, self.orch.post, self.orch.timeouts, cancel)
+        self.ports.secrets.put(s.id, secret)  # a replaced stage rejoins with it
+        launcher = Launcher(s, self._agents_for(s), self.ports.registrar, self.ports.post, self.ports.timeouts, cancel)
         ok = launcher.launch(model_id, secret, "tcp")
         if ok and not cancel.is_set():
-            self.orch.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
+            self.ports.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running", reason="serving"))
             return
         if ok:  # stopped while the last step finished: take it down again
             launcher.teardown()
-        self.orch.post(ev.LaunchEnded(session_id=s.id, cancelled=cancel.is_set()))  # apply words the reason
+        self.ports.post(ev.LaunchEnded(session_id=s.id, cancelled=cancel.is_set()))  # apply words the reason
 
     def teardown(self, s: Session, health: str, reason: str) -> None:
         """Deregister, stop every process, then report the session ended."""
-        problems = Launcher(s, self._agents_for(s), self.orch.registrar, self.orch.post, self.orch.timeouts).teardown()
+        launcher = Launcher(s, self._agents_for(s), self.ports.registrar, self.ports.post, self.ports.timeouts)
+        problems = launcher.teardown()
         if problems:
             self.log.error("teardown.incomplete", session=s.id, problems="; ".join(problems))
             reason = f"{reason} (cleanup problems: {'; '.join(problems)})"
-        self.orch.post(ev.HealthChanged(session_id=s.id, health=health, phase="stopped", reason=reason))
-        self.orch.post(ev.SessionRemoved(session_id=s.id, reason=reason))
-        self.orch.secrets.keep_only({x.id for x in self.orch.state.sessions if x.id != s.id})
+        self.ports.post(ev.HealthChanged(session_id=s.id, health=health, phase="stopped", reason=reason))
+        self.ports.post(ev.SessionRemoved(session_id=s.id, reason=reason))
+        self.ports.secrets.keep_only({x.id for x in self.ports.state().sessions if x.id != s.id})
 
     def _recover(self, s: Session, cancel: threading.Event) -> None:
         """One recovery attempt (after its backoff); reports SessionRecovered or RecoveryFailed."""
-        from .recovery import Recovery, backoff, elapsed_since
+        from orchestrator.control.recovery import Recovery, elapsed_since
+        from orchestrator.control.timelines import backoff
 
         if cancel.wait(backoff(s.recovery_attempt)):
             return  # stopped meanwhile: the stop tears it down
-        secret = self.orch.secrets.get(s.id)
+        secret = self.ports.secrets.get(s.id)
         if secret is None:
-            self.orch.post(ev.RecoveryFailed(session_id=s.id, final=True,
+            self.ports.post(ev.RecoveryFailed(session_id=s.id, final=True,
                                              reason="the cluster secret of this session is not known here"))
             return
         fault = s.faults[-1]
-        problem = Recovery(s, fault.processes, self._agents_for(s), self.orch.registrar, self.orch.post,
-                           self.orch.timeouts, secret, cancel,
-                           state=self.orch.state, agent_for=self.orch.agent).run()  # state: where a stage may move
+        problem = Recovery(s, fault.processes, self._agents_for(s), self.ports.registrar, self.ports.post,
+                           self.ports.timeouts, secret, cancel,
+                           state=self.ports.state(), agent_for=self.ports.agent).run()  # state: where a stage may move
         if cancel.is_set():
             return
         if problem:
             self.log.warning("session.recovery_failed", session=s.id, attempt=s.recovery_attempt, reason=problem)
-            self.orch.post(ev.RecoveryFailed(session_id=s.id, reason=problem))
+            self.ports.post(ev.RecoveryFailed(session_id=s.id, reason=problem))
         else:
             seconds = elapsed_since(fault.at)
             self.log.info("session.recovered", session=s.id, processes=",".join(fault.processes), seconds=seconds)
-            self.orch.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
+            self.ports.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
 
     def _prepare(self, effect: RunPreparation) -> None:
-        from .preparer import prepare
+        from orchestrator.control.preparer import prepare
 
-        targets = {n: self.orch.agent(n) for n in effect.node_ids}
-        everyone = {n.id: self.orch.agent(n.id) for n in self.orch.state.nodes if n.id not in targets}
-        names = {n.id: n.name for n in self.orch.state.nodes}
-        self._spawn(prepare, effect.model_id, targets, everyone, self.orch.post, names, effect.hub)
+        targets = {n: self.ports.agent(n) for n in effect.node_ids}
+        everyone = {n.id: self.ports.agent(n.id) for n in self.ports.state().nodes if n.id not in targets}
+        names = {n.id: n.name for n in self.ports.state().nodes}
+        self._spawn(prepare, effect.model_id, targets, everyone, self.ports.post, names, effect.hub)
 
     def _inspect(self, s: Session) -> None:
-        _, problem, culprits = self.orch.watcher.inspect(s)
+        _, problem, culprits = self.inspect(s)
         if problem:
             self.log.warning("session.seen_after_restart", session=s.id, phase=s.phase, reason=problem)
-        self.orch.submit(ResumeSession(s.id, s.phase, problem, culprits, time.time()))
+        self.ports.submit(ResumeSession(s.id, s.phase, problem, culprits, time.time()))
 
     def _readopt(self, s: Session) -> None:
         try:
-            self.orch.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice
+            self.ports.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice
         except Exception as exc:  # noqa: BLE001 (any registrar failure means: not adopted)
-            self.orch.submit(ResumeSession(s.id, s.phase, f"router registration failed: {exc}", (), time.time()))
+            self.ports.submit(ResumeSession(s.id, s.phase, f"router registration failed: {exc}", (), time.time()))
             return
-        self.orch.post(ev.SessionRegistered(session_id=s.id, registered=True))
+        self.ports.post(ev.SessionRegistered(session_id=s.id, registered=True))
         self.log.info("session.readopted", session=s.id)
-        self.orch.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running",
+        self.ports.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running",
                                         reason="re-adopted after a dashboard restart"))

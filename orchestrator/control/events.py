@@ -17,42 +17,73 @@ import queue
 import threading
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from ..agent.schemas import Report
-from .state import (DiscoveredNode, Health, Node, NodePreparation, Phase, PostMortem, Preparation, PreviewedPlan,
-                    Sample, Session, Settings, StageStatus, StepState)
-from .state import StagePlacement
-
-# Ids of the dashboard's live components (their root elements' ids, webapp/components.py).
-SETTINGS_STATUS = "settings-status"
-DISTRIBUTED_GATE = "distributed-gate"
-NODES = "nodes"
-CLUSTER_OPTIONS = "cluster-options"  # what the Serve-as-cluster form offers changed
-PLAN_PREVIEW = "plan-preview"
-PREPARE_STATUS = "prepare-status"
-CLUSTER_MONITOR = "cluster-monitor"
-SESSIONS = "sessions"
-LOCAL_MODELS = "local-models"
-MODEL_DOWNLOADS = "model-downloads"
-DOWNLOAD_OPTIONS = "download-options"  # the nodes the Download model form offers changed
-SESSION_VIEWS = (CLUSTER_MONITOR, SESSIONS)  # both show a session's phase, health, timeline and faults
-LIVE_COMPONENTS = frozenset({SETTINGS_STATUS, DISTRIBUTED_GATE, NODES, CLUSTER_OPTIONS, PLAN_PREVIEW, PREPARE_STATUS,
-                             CLUSTER_MONITOR, SESSIONS, LOCAL_MODELS, MODEL_DOWNLOADS, DOWNLOAD_OPTIONS})
-
-
-class Event(BaseModel):
-    """Base of all events. Each concrete class sets `kind` and both ClassVars below."""
-
-    model_config = ConfigDict(frozen=True)
-    kind: str
-    persisted: ClassVar[bool]  # save the state after applying it (what must survive a restart)
-    touches: ClassVar[frozenset[str]]  # live components (ids above) whose HTML it can change
+from orchestrator.agent.schemas import Report
+from orchestrator.control.event_base import (  # re-exported (`X as X`): every module names them as events.X
+    CHAT_MODELS as CHAT_MODELS,
+)
+from orchestrator.control.event_base import (
+    CLUSTER_MONITOR as CLUSTER_MONITOR,
+)
+from orchestrator.control.event_base import (
+    CLUSTER_OPTIONS as CLUSTER_OPTIONS,
+)
+from orchestrator.control.event_base import (
+    DISTRIBUTED_GATE as DISTRIBUTED_GATE,
+)
+from orchestrator.control.event_base import (
+    DOWNLOAD_OPTIONS as DOWNLOAD_OPTIONS,
+)
+from orchestrator.control.event_base import (
+    LIVE_COMPONENTS as LIVE_COMPONENTS,
+)
+from orchestrator.control.event_base import (
+    LOCAL_MODELS as LOCAL_MODELS,
+)
+from orchestrator.control.event_base import (
+    MODEL_DOWNLOADS as MODEL_DOWNLOADS,
+)
+from orchestrator.control.event_base import (
+    NODES as NODES,
+)
+from orchestrator.control.event_base import (
+    PLAN_PREVIEW as PLAN_PREVIEW,
+)
+from orchestrator.control.event_base import (
+    PREPARE_STATUS as PREPARE_STATUS,
+)
+from orchestrator.control.event_base import (
+    SESSION_VIEWS as SESSION_VIEWS,
+)
+from orchestrator.control.event_base import (
+    SESSIONS as SESSIONS,
+)
+from orchestrator.control.event_base import (
+    SETTINGS_STATUS as SETTINGS_STATUS,
+)
+from orchestrator.control.event_base import (
+    Event as Event,
+)
+from orchestrator.control.state import (
+    DiscoveredNode,
+    Health,
+    Node,
+    NodePreparation,
+    Phase,
+    PostMortem,
+    Preparation,
+    PreviewedPlan,
+    Sample,
+    Session,
+    Settings,
+    StagePlacement,
+    StageStatus,
+    StepState,
+)
 
 
 def event_classes() -> tuple[type[Event], ...]:
     """Every concrete event class, the download events included (their module is imported here)."""
-    from . import download_events  # noqa: F401 (defines Event subclasses)
+    from orchestrator.control import download_events  # noqa: F401 (defines Event subclasses)
 
     found: list[type[Event]] = []
     todo = list(Event.__subclasses__())
@@ -160,7 +191,7 @@ class PreparationFinished(Event):
 class SessionCreated(Event):
     kind: Literal["session_created"] = "session_created"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS, CHAT_MODELS})
     session: Session
 
 
@@ -177,7 +208,7 @@ class LaunchStepped(Event):
 class SessionRegistered(Event):
     kind: Literal["session_registered"] = "session_registered"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, CHAT_MODELS})
     session_id: str
     registered: bool
 
@@ -188,7 +219,7 @@ class SessionObserved(Event):
 
     kind: Literal["session_observed"] = "session_observed"
     persisted: ClassVar[bool] = False
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, NODES, LOCAL_MODELS})
     session_id: str
     stage_status: tuple[StageStatus, ...]
     sample: Sample | None = None
@@ -272,7 +303,7 @@ class SessionRecovered(Event):
 class HealthChanged(Event):
     kind: Literal["health_changed"] = "health_changed"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, LOCAL_MODELS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, NODES, LOCAL_MODELS, CHAT_MODELS})
     session_id: str
     health: Health
     phase: Phase
@@ -282,7 +313,7 @@ class HealthChanged(Event):
 class SessionRemoved(Event):
     kind: Literal["session_removed"] = "session_removed"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS, CHAT_MODELS})
     session_id: str
     reason: str = ""
 
@@ -294,9 +325,31 @@ class LaunchEnded(Event):
 
     kind: Literal["launch_ended"] = "launch_ended"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS})
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, *SESSION_VIEWS, LOCAL_MODELS, CHAT_MODELS})
     session_id: str
     cancelled: bool = False
+
+
+class CopyCheckStarted(Event):
+    """Verify of one node's copy of a model started (the agent hashes every file again)."""
+
+    kind: Literal["copy_check_started"] = "copy_check_started"
+    persisted: ClassVar[bool] = False
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS})
+    model_id: str
+    node_id: str
+
+
+class CopyCheckFinished(Event):
+    """Verify ended: every file hashed again matches the reference manifest (`message` says which), or why not."""
+
+    kind: Literal["copy_check_finished"] = "copy_check_finished"
+    persisted: ClassVar[bool] = True  # a Verified copy stays Verified across a restart
+    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, PREPARE_STATUS})
+    model_id: str
+    node_id: str
+    ok: bool
+    message: str = ""
 
 
 class Subscription(queue.Queue):

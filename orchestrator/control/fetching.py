@@ -9,12 +9,12 @@ or stopped it while shutting down. Only the control plane's own cancel ends it e
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
-from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import DownloadInfo
-from .download_state import HubRef, NodeDownload
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
+from orchestrator.agent.schemas import DownloadInfo
+from orchestrator.control.download_state import HubRef, NodeDownload
 
 Report = Callable[[NodeDownload], None]
 RESTART_WAIT_S = 1.0
@@ -44,19 +44,13 @@ def follow(client: AgentClient, model_id: str, start: Callable[[], DownloadInfo]
     """Run one node's job to its end and return its final info (done, failed, or cancelled by the agent's
     user); FetchCancelled when `cancel` is set (the job is then cancelled on the agent, partial files dropped),
     FetchDetached when `detach` is (the job goes on)."""
-    deadline = time.monotonic() + timeout_s
     started = False
-    while True:
+
+    def poll() -> DownloadInfo | None:
+        """The job's state, or None while it must be (re)started; the restart rules of this module."""
+        nonlocal started
         if detach is not None and detach.is_set():
             raise FetchDetached
-        if cancel.is_set():
-            try:
-                client.cancel(model_id, discard=True)
-            except AgentError:
-                pass  # gone or never started: nothing to stop there
-            raise FetchCancelled
-        if time.monotonic() > deadline:
-            raise AgentError(408, f"download of {model_id} still running after {timeout_s:.0f} s", "timeout")
         try:
             info = client.progress(model_id) if started else start()
             started = True
@@ -64,20 +58,28 @@ def follow(client: AgentClient, model_id: str, start: Callable[[], DownloadInfo]
             if exc.status == 0:  # the agent is down (restarting?): wait for it
                 report(entry.model_copy(update={"detail": "agent unreachable: waiting for it to come back"}))
                 cancel.wait(RESTART_WAIT_S)
-                continue
+                return None
             if exc.status == 404 and started:  # it came back without the job: fetch again (resumes)
                 started = False
-                continue
+                return None
             raise
-        if info.state == "running":
-            report(progress_entry(entry, info))
-            cancel.wait(poll_s)
-            continue
         if info.state == "cancelled" and not cancel.is_set():  # stopped by the agent's shutdown
             started = False
             cancel.wait(RESTART_WAIT_S)
-            continue
+            return None
         return info
+
+    try:
+        return follow_job(poll, f"download of {model_id}", timeout_s, poll_s, cancel=cancel,
+                          on_running=lambda info: report(progress_entry(entry, info)))
+    except JobCancelled:
+        try:
+            client.cancel(model_id, discard=True)
+        except AgentError:
+            pass  # gone or never started: nothing to stop there
+        raise FetchCancelled from None
+    except JobTimeout as exc:
+        raise AgentError(408, str(exc), "timeout") from None
 
 
 def hub_source(hub: HubRef) -> dict[str, str]:

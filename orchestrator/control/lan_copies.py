@@ -16,10 +16,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import Manifest
-from .download_state import NodeDownload
-from .fetching import FetchCancelled, FetchDetached, Report, follow_over_lan
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.schemas import Manifest
+from orchestrator.control.download_state import NodeDownload
+from orchestrator.control.fetching import FetchCancelled, FetchDetached, Report, follow_over_lan
 
 Settle = Callable[..., None]
 # The follower's errors that mean "the source is not there right now": while the hub download runs, try again.

@@ -2,25 +2,26 @@
 
 Launch: every stage in ascending order, each waited for until its transport port listens;
 then the coordinator, waited for until it answers healthy (its probe generations went
-through every stage: prefill, sampling, batched decode); then ONE router backend. Any failure stops what was started, in reverse
-order, and removes the router entry. Each step is reported as a `LaunchStepped` event.
+through every stage: prefill, sampling, batched decode); then ONE router backend. Any failure
+stops what was started, in reverse order, and removes the router entry. Each step is reported as
+a `LaunchStepped` event.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
-import requests
-
-from ..agent.client import AgentClient, AgentError
-from ..engine.config import ClusterConfig
-from ..planner.cluster_toml import engine_address, render_cluster_toml
-from ..registrar import Registrar, RegistrarError
-from . import events as ev
-from .state import Session, Step
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.control import events as ev
+from orchestrator.control.coordinator_client import CoordinatorClient
+from orchestrator.control.session_toml import cluster_toml
+from orchestrator.control.state import Session
+from orchestrator.control.timelines import timeline
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
+from orchestrator.proc.wait import WaitTimeout, wait_until
+from orchestrator.registrar import Registrar, RegistrarError
 
 Post = Callable[[ev.Event], None]
 
@@ -45,49 +46,23 @@ class LaunchFailed(RuntimeError):
         self.key = key
 
 
-def timeline(session: Session) -> tuple[Step, ...]:
-    """The launch steps of a session, all pending (pure)."""
-    steps: list[Step] = []
-    if session.transport:
-        # decided by the plan before anything starts: what the stages bind on, and why a
-        # requested backend does not run (e.g. rdma → tcp)
-        steps.append(Step(key="transport", label=session.transport, state="done", detail=session.transport_fallback))
-    for st in session.stages:
-        steps.append(Step(key=f"stage-{st.index}.start", label=f"Stage {st.index} starting on {st.node_name} "
-                                                               f"(layers {st.first_layer}–{st.last_layer})"))
-        steps.append(Step(key=f"stage-{st.index}.listen", label=f"Stage {st.index} transport listening on port {st.port}"))
-    steps.append(Step(key="coordinator.start", label="Coordinator starting"))
-    steps.append(Step(key="coordinator.healthy", label="Coordinator healthy (a probe generation through every stage)"))
-    steps.append(Step(key="router.register", label="Router registered"))
-    return tuple(steps)
-
-
-def cluster_toml(session: Session, transport: str = "tcp") -> str:
-    """The engine's cluster TOML (docs/architecture.md, "Contracts"; `engine/config.py`) for a
-    session without a plan's TOML (single-node sessions); validated as a ClusterConfig and
-    written by the planner's one TOML writer."""
-    nodes: list[dict[str, object]] = [{"id": "coordinator", "role": "hybrid",
-                                       "address": engine_address(session.coordinator_host, session.coordinator_port)}]
-    nodes += [{"id": f"stage-{st.index}", "role": "pipeline_stage", "address": engine_address(st.host, st.port),
-               "stage": st.index, "layers": f"{st.first_layer}-{st.last_layer}"} for st in session.stages]
-    config = ClusterConfig.model_validate({"cluster": {
-        "name": session.name, "pipeline_parallel_size": len(session.stages), "tensor_parallel_size": 1,
-        "transport_backend": transport}, "nodes": nodes})  # a bug here fails before anything starts
-    return render_cluster_toml(config)
 
 
 class Launcher:
     """Runs one session's launch or teardown; one instance per worker thread."""
 
     def __init__(self, session: Session, agents: dict[str, AgentClient], registrar: Registrar, post: Post,
-                 timeouts: Timeouts = Timeouts(), cancel: threading.Event | None = None) -> None:
+                 timeouts: Timeouts = Timeouts(), cancel: threading.Event | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.s = session
         self.agents = agents
         self.registrar = registrar
         self.post = post
         self.t = timeouts
         self.cancel = cancel or threading.Event()
+        self.clock = clock
         self.started: list[tuple[str, str]] = []  # (node_id, process node id) in start order
+        self.secret: str | None = None  # the cluster secret, once known: health looks carry its control token
 
     def _step(self, key: str, state: str, detail: str = "") -> None:
         self.post(ev.LaunchStepped(session_id=self.s.id, key=key, state=state, detail=detail))
@@ -95,6 +70,7 @@ class Launcher:
     def launch(self, model_id: str, secret: str, transport: str = "tcp") -> bool:
         """Run every step; on failure roll back. Returns whether the session is up."""
         key = "stage-0.start"
+        self.secret = secret
         try:
             toml = self.s.config_toml or cluster_toml(self.s, transport)
             for st in self.s.stages:
@@ -145,61 +121,74 @@ class Launcher:
 
     def wait_listening(self, node_id: str, process_id: str, timeout: float) -> None:
         """Until the process's transport port listens; LaunchFailed (with its last output) if it exits."""
-        deadline = time.monotonic() + timeout
-        last_renew = time.monotonic()
-        while True:
+        last_renew = self.clock.monotonic()
+        port = None
+
+        def listening() -> bool:
+            nonlocal last_renew, port
             info = self.agents[node_id].process(self.s.id, process_id)
+            port = info.port
             if not info.alive:
                 tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
                 raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
             if info.port_listening:
-                return
-            if time.monotonic() > deadline:
-                raise LaunchFailed(process_id, f"{process_id} not listening on port {info.port} after {timeout:.0f} s")
+                return True
             if self.cancel.is_set():
                 raise LaunchFailed(process_id, "launch cancelled")
-            if time.monotonic() - last_renew > self.t.lease / 3:
+            if self.clock.monotonic() - last_renew > self.t.lease / 3:
                 self._renew()
-                last_renew = time.monotonic()
-            time.sleep(0.1)
+                last_renew = self.clock.monotonic()
+            return False
+
+        try:
+            wait_until(listening, timeout, 0.1, message=f"{process_id} listening", clock=self.clock)
+        except WaitTimeout:
+            raise LaunchFailed(process_id, f"{process_id} not listening on port {port} after {timeout:.0f} s") from None
 
     def wait_healthy(self) -> None:
         """Until the coordinator says ready (its probe passed through every stage); LaunchFailed otherwise."""
-        deadline = time.monotonic() + self.t.healthy
-        last_renew = time.monotonic()
+        last_renew = self.clock.monotonic()
         reason, status = "no answer", None
-        while time.monotonic() < deadline:
+        client = CoordinatorClient(self.s.url, self.secret)
+
+        def ready() -> bool:
+            nonlocal last_renew, reason, status
             # A stage dying now would leave the coordinator waiting: check them all, not just it.
             for node_id, process_id in self.started:
                 info = self.agents[node_id].process(self.s.id, process_id)
                 if not info.alive:
                     tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
                     raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
-            asked = time.monotonic()
-            try:
-                # A long poll: answered the moment the coordinator's state changes (ready, most
-                # often), not at this loop's next look; at most HEALTHY_POLL_S, so a process that
-                # died meanwhile is still noticed by the check above.
-                params = {"wait": HEALTHY_POLL_S, "unless": status} if status else {}
-                r = requests.get(self.s.url + "/health", params=params, timeout=HEALTHY_POLL_S + 2)
-                body = r.json()
-                if r.status_code == 200 and body.get("ready"):
-                    return
-                changed, status = body.get("status") != status, body.get("status")
-                reason = f"{body.get('status')}: {body.get('reason')}"
-                if body.get("status") == "unhealthy" and "probe generation failed" in str(body.get("reason")):
+            asked = self.clock.monotonic()
+            # A long poll: answered the moment the coordinator's state changes (ready, most
+            # often), not at this loop's next look; at most HEALTHY_POLL_S, so a process that
+            # died meanwhile is still noticed by the check above.
+            look = client.health(HEALTHY_POLL_S + 2, HEALTHY_POLL_S, status)
+            report = look.report
+            if report is None:  # busy or silent: no verdict, ask again
+                reason, status, changed = look.error, None, False
+            else:
+                if report.ready:
+                    return True
+                changed, status = report.status != status, report.status
+                reason = f"{report.status}: {report.reason}"
+                if report.status == "unhealthy" and "probe generation failed" in report.reason:
                     # Ready means serving: a stage that cannot run a request fails the launch now.
-                    raise LaunchFailed("coordinator", f"the pipeline cannot serve: {body.get('reason')}")
-            except (requests.RequestException, ValueError) as exc:
-                reason, status, changed = str(exc), None, False
+                    raise LaunchFailed("coordinator", f"the pipeline cannot serve: {report.reason}")
             if self.cancel.is_set():
                 raise LaunchFailed("coordinator", "launch cancelled")
-            if time.monotonic() - last_renew > self.t.lease / 3:
+            if self.clock.monotonic() - last_renew > self.t.lease / 3:
                 self._renew()
-                last_renew = time.monotonic()
-            if not changed and time.monotonic() - asked < 0.1:
-                time.sleep(0.1)  # not up yet, or it did not wait (an older coordinator): no busy loop
-        raise LaunchFailed("coordinator", f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})")
+                last_renew = self.clock.monotonic()
+            if not changed and self.clock.monotonic() - asked < 0.1:
+                self.clock.sleep(0.1)  # not up yet, or it did not wait (an older coordinator): no busy loop
+            return False
+
+        try:  # the long poll paces the looks: no interval of its own
+            wait_until(ready, self.t.healthy, 0.0, message="the coordinator healthy", clock=self.clock)
+        except WaitTimeout:
+            raise LaunchFailed("coordinator",
+                               f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})") from None
 
     def rollback(self, failed_key: str | None = None) -> list[str]:
         """Stop everything started, newest first, and remove the router entry; returns problems left."""

@@ -12,11 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..agent.hub import HubListing
-from .commands import CancelDownload, CommandRefused, DeleteModel, DownloadModel, ResumeDownload
-from .download_events import ModelDeletionStarted, ModelDownloadStarted, deleting
-from .download_state import HubRef, ModelDownload, NodeDownload
-from .state import State
+from orchestrator.agent.hub import HubListing
+from orchestrator.agent.names import InvalidName, check_model_id
+from orchestrator.control.commands import (
+    CancelDownload,
+    CommandRefused,
+    DeleteModel,
+    DownloadModel,
+    ResumeDownload,
+    VerifyCopy,
+)
+from orchestrator.control.download_events import ModelDeletionStarted, ModelDownloadStarted, deleting
+from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.events import CopyCheckStarted
+from orchestrator.control.state import State
+from orchestrator.control.verification import verified_holders
 
 DISK_MARGIN = 64 << 20  # what a node keeps free beyond the model (logs, caches)
 ENDED = ("stopped", "failed")  # session phases that no longer use their nodes' models
@@ -45,7 +55,17 @@ class DeleteModelFiles:
     node_id: str
 
 
-ModelEffect = RunDownload | CancelDownloadWork | DeleteModelFiles
+@dataclass(frozen=True)
+class CheckCopyFiles:
+    """Have a node's agent hash every file of a model again against the manifest of the verified
+    copy on `reference` (another node), or its own manifest when no other copy is verified."""
+
+    model_id: str
+    node_id: str
+    reference: str | None
+
+
+ModelEffect = RunDownload | CancelDownloadWork | DeleteModelFiles | CheckCopyFiles
 
 
 def listing_refusal(listing: HubListing) -> str | None:
@@ -73,19 +93,34 @@ def reachable_name(state: State, node_id: str) -> str:
     return node.name
 
 
+def name_problem(state: State, model_id: str, node_ids: tuple[str, ...] | list[str]) -> str | None:
+    """What is wrong with the name a download would get on these nodes (None: nothing): not a
+    valid model name, being downloaded already, or taken on a chosen node. The same rule answers
+    the Name on the nodes field as it is typed and the download itself, before anything starts."""
+    try:
+        check_model_id(model_id)
+    except InvalidName as exc:
+        return f"model name: {exc}"
+    if running_download(state, model_id) is not None:
+        return f"{model_id} is already being downloaded: wait for it or cancel it"
+    for nid in node_ids:
+        node = state.node(nid)
+        if node is not None and node.report and any(m.id == model_id for m in node.report.models):
+            return (f"{node.name} already has a model named {model_id}: delete it first, "
+                    "or give the download another name")
+    return None
+
+
 # --- decisions ------------------------------------------------------------------------------
 def decide_download(state: State, c: DownloadModel) -> tuple[tuple, tuple[ModelEffect, ...]]:
     """A download to start: (events, effects), or CommandRefused naming the first broken rule."""
     if not c.node_ids:
         raise CommandRefused("choose at least one node to download to")
-    if running_download(state, c.model_id) is not None:
-        raise CommandRefused(f"{c.model_id} is already being downloaded: wait for it or cancel it")
     for nid in c.node_ids:
-        name = reachable_name(state, nid)
-        report = state.node(nid).report
-        if report and any(m.id == c.model_id for m in report.models):
-            raise CommandRefused(f"{name} already has a model named {c.model_id}: delete it first, "
-                                 "or give the download another name")
+        reachable_name(state, nid)
+    problem = name_problem(state, c.model_id, c.node_ids)
+    if problem:
+        raise CommandRefused(problem)
     listing = c.listing
     refusal = listing_refusal(listing)
     if refusal:
@@ -136,6 +171,26 @@ def decide_delete(state: State, c: DeleteModel) -> tuple[tuple, tuple[ModelEffec
         raise CommandRefused(f"{c.model_id} is already being deleted from {name}")
     reachable_name(state, c.node_id)
     return (ModelDeletionStarted(model_id=c.model_id, node_id=c.node_id),), (DeleteModelFiles(c.model_id, c.node_id),)
+
+
+def decide_verify(state: State, c: VerifyCopy) -> tuple[tuple, tuple[ModelEffect, ...]]:
+    """Verify a copy, against another node's verified copy when there is one: refused while it is
+    downloading, being deleted or already being verified."""
+    name = reachable_name(state, c.node_id)
+    node = state.node(c.node_id)
+    info = next((m for m in node.report.models if m.id == c.model_id), None) if node and node.report else None
+    if info is None:
+        raise CommandRefused(f"{name} has no model {c.model_id}")
+    if any(d.model_id == c.model_id and not d.finished for d in state.downloads):
+        raise CommandRefused(f"{c.model_id} is being downloaded: it is verified as it arrives")
+    if deleting(state, c.model_id, c.node_id):
+        raise CommandRefused(f"{c.model_id} is being deleted from {name}")
+    if any((k.model_id, k.node_id, k.phase) == (c.model_id, c.node_id, "running") for k in state.checks):
+        raise CommandRefused(f"{c.model_id} on {name} is already being verified")
+    others = sorted(verified_holders(state, c.model_id) - {c.node_id})
+    reference = next((n for n in others if (r := state.node(n)) is not None and r.status == "reachable"), None)
+    return (CopyCheckStarted(model_id=c.model_id, node_id=c.node_id),), (CheckCopyFiles(c.model_id, c.node_id,
+                                                                                         reference),)
 
 
 def deletion_conflict(state: State, model_id: str, node_ids: tuple[str, ...] | list[str]) -> str | None:

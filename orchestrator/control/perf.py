@@ -1,8 +1,6 @@
 """Performance inputs for plans: measured links and timed layers, from the agents' reports.
 
-Pure part: `with_performance` adds each node's timing of the model and its measured links
-(keyed by the registry's node ids) to the planner's NodeFacts; `missing` says what a plan
-over some nodes still lacks. I/O part: `measure_links` has every selected agent probe the
+The pure part (what a plan knows and lacks) is `measured.py`; here: `measure_links` has every selected agent probe the
 others (each peer mints a probe ticket for that and nothing else), `time_layers` has one node
 that holds the model time its layers; `refresh_after_preview` runs them after a preview and,
 after each, refreshes those nodes' reports and previews again.
@@ -12,70 +10,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..agent.client import AgentClient, AgentError
-from ..planner import NodeFacts
-from ..planner.perf_inputs import LayerTiming, LinkCost
-from . import events as ev
-from .state import Node, State
-
-if TYPE_CHECKING:
-    from .core import Orchestrator
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.job_follower import JobTimeout, follow_job
+from orchestrator.control import events as ev
+from orchestrator.control.measured import holds, missing
+from orchestrator.control.ports import Ports
+from orchestrator.control.state import Node, State
+from orchestrator.proc.wait import WaitTimeout, wait_until
 
 LINK_TTL_S = 86_400  # probe tickets: the agents re-measure periodically with them
 LINK_INTERVAL_S = 60.0
 PROFILE_TIMEOUT_S = 300.0
+REPORTS_APPLIED_S = 5.0  # for the orchestrator thread to apply the reports a worker posted
 
 
-def timing_of(node: Node, model_id: str) -> LayerTiming | None:
-    """The node's cached timing of `model_id`, as the planner takes it."""
-    if node.report is None:
-        return None
-    for p in node.report.compute:
-        if p.model_id == model_id:
-            fields = p.model_dump(exclude={"model_id", "threads", "at"})
-            return LayerTiming(node_id=node.id, **fields)
-    return None
 
 
-def links_of(node: Node, known: set[str]) -> dict[str, LinkCost]:
-    """The node's measured links to registered peers (kernel RTT when known, else the HTTP one)."""
-    out: dict[str, LinkCost] = {}
-    for s in node.report.links if node.report is not None else []:
-        rtt = s.rtt_ms if s.rtt_ms is not None else s.http_rtt_ms
-        if s.node_id in known and not s.error and rtt is not None and s.bandwidth_Bps:
-            out[s.node_id] = LinkCost(rtt_ms=rtt, bandwidth_Bps=s.bandwidth_Bps, interface=s.interface)
-    return out
+def transport_hosts(state: State, node_ids: Sequence[str]) -> dict[str, str]:
+    """The address each node's stage is given by the plan shown for these nodes (its transport:
+    a Thunderbolt bridge's address, say), so the links are measured where the stages will talk;
+    nodes the shown plan does not place are left to their registry address (pure)."""
+    shown = state.plan
+    transport = getattr(shown.result, "transport", None) if shown is not None else None
+    if transport is None or set(shown.node_ids) != set(node_ids):  # type: ignore[union-attr]
+        return {}
+    return {nid: host for nid in node_ids if (host := transport.host_of(nid))}
 
 
-def with_performance(facts: Sequence[NodeFacts], nodes: Sequence[Node], model_id: str) -> list[NodeFacts]:
-    """The facts with each node's timing and links added (pure)."""
-    ids = {n.id for n in nodes}
-    by_id = {n.id: n for n in nodes}
-    return [f.model_copy(update={"timing": timing_of(by_id[f.id], model_id), "links": links_of(by_id[f.id], ids)})
-            if f.id in by_id else f for f in facts]
-
-
-def missing(nodes: Sequence[Node], model_id: str) -> tuple[bool, bool]:
-    """(some pair of nodes has no measured link, no node has timed the model)."""
-    ids = {n.id for n in nodes}
-    no_links = any(set(links_of(n, ids)) != ids - {n.id} for n in nodes)
-    no_timing = all(timing_of(n, model_id) is None for n in nodes)
-    return no_links, no_timing
-
-
-def holds(node: Node, model_id: str) -> bool:
-    return node.report is not None and any(m.id == model_id for m in node.report.models)
-
-
-def measure_links(agents: dict[str, AgentClient], nodes: Sequence[Node]) -> bool:
-    """Have every node probe the others (each peer mints a probe ticket); True when measured."""
+def measure_links(agents: dict[str, AgentClient], nodes: Sequence[Node], hosts: dict[str, str] | None = None) -> bool:
+    """Have every node probe the others (each peer mints a probe ticket) on the path to the
+    address its stage will be given (`hosts`, by node id; default the registry's); True when measured."""
     if len(nodes) < 2:
         return False
+    hosts = hosts or {}
     tickets = {n.id: agents[n.id].links_ticket(LINK_TTL_S) for n in nodes}
     for a in nodes:
-        peers = [{"node_id": b.id, "name": b.name, "url": b.url, "ticket": tickets[b.id]} for b in nodes if b is not a]
+        peers = [{"node_id": b.id, "name": b.name, "url": b.url, "ticket": tickets[b.id],
+                  "transport_host": hosts.get(b.id, "")} for b in nodes if b is not a]
         agents[a.id].measure_links(peers, interval_s=LINK_INTERVAL_S)
     return True
 
@@ -87,46 +60,47 @@ def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id:
         return False
     client = agents[holder.id]
     status = client.profile(model_id, start=True)
-    deadline = time.monotonic() + PROFILE_TIMEOUT_S
-    while status.state == "running" and time.monotonic() < deadline:
-        time.sleep(0.5)
-        status = client.profile(model_id)
+    if status.state == "running":
+        try:
+            status = follow_job(lambda: client.profile(model_id), f"timing {model_id} on {holder.name}",
+                                PROFILE_TIMEOUT_S, 0.5)
+        except JobTimeout:
+            return False  # still timing: a later preview measures again
     if status.state == "failed" and log is not None:
         log.warning("perf.profile_failed", node=holder.name, model=model_id, reason=status.error)
     return status.state == "done"
 
 
-def lacking(state: State, model_id: str, node_ids: Sequence[str]) -> tuple[bool, bool]:
-    """(links, timing): what a plan over these nodes would gain from measuring (pure); nothing
-    when a node is not registered or has not reported."""
-    nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
-    return missing(nodes, model_id) if len(nodes) == len(node_ids) else (False, False)
 
 
-def refresh_after_preview(orch: "Orchestrator", model_id: str, node_ids: list[str], links: bool, timing: bool,
+
+def refresh_after_preview(ports: Ports, model_id: str, node_ids: list[str], links: bool, timing: bool,
                           again: Callable[[], None]) -> None:
     """After a preview (a worker): measure what the plan lacked (`decide` said which) and, after
     each part, post the nodes' fresh reports, wait until they are applied and have `again`
     preview the plan once more (only if it is still the one shown, `decide` checks). The links
     take a second and show at once; timing the layers takes longer and follows."""
-    state: State = orch.state
+    state: State = ports.state()
     nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
-    agents = {n.id: orch.agent(n.id) for n in nodes}
+    agents = {n.id: ports.agent(n.id) for n in nodes}
     if len(nodes) != len(node_ids) or any(a is None for a in agents.values()):
         return
-    parts = [(0, lambda: measure_links(agents, nodes))] if links else []  # type: ignore[arg-type]
+    hosts = transport_hosts(state, node_ids)
+    parts = [(0, lambda: measure_links(agents, nodes, hosts))] if links else []  # type: ignore[arg-type]
     if timing:
-        parts.append((1, lambda: time_layers(agents, nodes, model_id, orch.log)))  # type: ignore[arg-type]
+        parts.append((1, lambda: time_layers(agents, nodes, model_id, ports.log)))  # type: ignore[arg-type]
     for which, run in parts:
         try:
             if not run():
                 continue
             for n in nodes:
-                orch.post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
+                ports.post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
         except AgentError as exc:
-            orch.log.warning("perf.measure_failed", reason=exc.message)
+            ports.log.warning("perf.measure_failed", reason=exc.message)
             return
-        deadline = time.monotonic() + 5
-        while missing([orch.state.node(n.id) or n for n in nodes], model_id)[which] and time.monotonic() < deadline:
-            time.sleep(0.05)  # the reports posted above are applied by the orchestrator thread
+        try:  # the reports posted above are applied by the orchestrator thread
+            wait_until(lambda which=which: not missing([ports.state().node(n.id) or n for n in nodes], model_id)[which],
+                       REPORTS_APPLIED_S, message="the fresh reports applied")
+        except WaitTimeout:
+            pass  # preview again all the same: `decide` previews only what is still shown
         again()

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import re
 
-from ..agent.schemas import ModelInfo
-from ..planner import NodeFacts, Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster
-from .perf import with_performance
-from .state import Node, Session, Settings, StagePlacement, State
+from orchestrator.agent.schemas import ModelInfo
+from orchestrator.control.measured import with_performance
+from orchestrator.control.session_toml import cluster_toml
+from orchestrator.control.state import Node, Session, Settings, StagePlacement, State
+from orchestrator.planner import (
+    NodeFacts,
+    Plan,
+    PlanSettings,
+    Refusal,
+    SingleFit,
+    node_facts_from_report,
+    plan_cluster,
+    single_node_fit,
+)
 
 
 class PlanningError(ValueError):
@@ -76,20 +86,46 @@ def session_from_plan(plan: Plan, state: State, session_id: str, model_id: str, 
                    transport=t.summary if t else "", transport_fallback=t.reason if t else "")
 
 
-def single_session(state: State, session_id: str, model_id: str, node_id: str) -> Session:
-    """A whole model on one node: one stage plus the coordinator (the baseline)."""
+def single_fit(state: State, model_id: str, node_id: str, context_length: int = 4096,
+               concurrency: int = 4) -> SingleFit:
+    """The planner's memory check of the whole model on one node (planner/single.py): weights and
+    the KV cache at this context length and concurrency, plus overhead, against its free memory.
+    PlanningError when it cannot be served there at all."""
     node = selected_nodes(state, [node_id])[0]
     info = model_info(state, model_id, [node])
     if info.unsupported_reason:
         raise PlanningError(f"model {model_id!r} is unsupported: {info.unsupported_reason}")
     if not info.mlx_format or info.num_layers is None:
         raise PlanningError(f"model {model_id!r} cannot be served: {info.reason or 'unknown layout'}")
+    if info.description is None:
+        raise PlanningError(f"model {model_id!r}: node {node.name} did not describe its layers, so its memory "
+                            "cannot be checked (update the node's agent)")
+    assert node.report is not None  # selected_nodes checked it
+    facts = node_facts_from_report(node.report, node_id=node.id, host=node.host)
+    return single_node_fit(info.description, facts, plan_settings(state.settings, context_length, concurrency),
+                           model_name=model_id)
+
+
+def single_session(state: State, session_id: str, model_id: str, node_id: str, context_length: int = 4096,
+                   concurrency: int = 4) -> Session:
+    """A whole model on one node: one stage plus the coordinator (the baseline), refused when it
+    does not fit the node's free memory at this context length and concurrency; its engine
+    configuration bounds the KV cache to what the check counted."""
+    fit = single_fit(state, model_id, node_id, context_length, concurrency)
+    if not fit.fits:
+        raise PlanningError(fit.reason)
+    node = selected_nodes(state, [node_id])[0]
+    info = model_info(state, model_id, [node])
+    assert node.report is not None and info.num_layers is not None
     free = [p for p in node.report.transport_ports.free if state.settings.port_start <= p <= state.settings.port_end]
     if len(free) < 2:
         raise PlanningError(f"node {node.name} has fewer than 2 free ports in "
                             f"{state.settings.port_start}–{state.settings.port_end}")
     stage = StagePlacement(index=0, node_id=node.id, node_name=node.name, first_layer=0,
                            last_layer=info.num_layers - 1, host=node.host, port=free[0])
-    return Session(id=session_id, name=session_name(model_id, 1), model_id=model_id, model_name=model_id,
-                   cluster=False, stages=(stage,), coordinator_node=node.id, coordinator_host=node.host,
-                   coordinator_port=free[1])
+    session = Session(id=session_id, name=session_name(model_id, 1), model_id=model_id, model_name=model_id,
+                      cluster=False, stages=(stage,), coordinator_node=node.id, coordinator_host=node.host,
+                      coordinator_port=free[1])
+    toml = cluster_toml(session, state.settings.transport_backend, context_length=context_length,
+                        max_requests=concurrency)
+    return session.model_copy(update={"config_toml": toml})

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import Manifest
-from . import events as ev
-from .download_state import HubRef, NodeDownload
-from .fetching import fetch_from_hub
-from .state import NodePreparation, Preparation
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
+from orchestrator.agent.schemas import DownloadInfo, Manifest
+from orchestrator.control import events as ev
+from orchestrator.control.download_state import HubRef, NodeDownload
+from orchestrator.control.fetching import fetch_from_hub
+from orchestrator.control.state import NodePreparation, Preparation
 
 Post = Callable[[ev.Event], None]
 STATUS = {"present": "present", "needs_download": "needs_download", "mismatch": "mismatch"}
@@ -100,7 +102,7 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
         if from_hub is not None and states[source_id].status == "present":
             states[source_id] = states[source_id].model_copy(update={
                 "verdict": "needs_download", "source": f"hub {hub.label}"})
-        for n, st in states.items():
+        for st in states.values():
             post(ev.PreparationProgressed(node=st))
         holders = [source_id] + [n for n, st in states.items() if st.status == "present" and n != source_id]
         peers = fastest_first({n: everyone.get(n) or targets[n] for n in holders})
@@ -115,35 +117,52 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
                     "status": "downloading", "verdict": st.status, "source": label,
                     "detail": f"{'replacing mismatched files' if st.status == 'mismatch' else 'copying'} "
                               f"over the LAN from {label}"})))
-        deadline = time.monotonic() + timeout_s
-        while downloading:
-            if time.monotonic() > deadline:
-                raise PrepareFailed(f"downloads still running after {timeout_s:.0f} s")
-            time.sleep(poll_s)
-            for n in list(downloading):
-                info = targets[n].progress(model_id)
-                node = NodePreparation(node_id=n, status="downloading", verdict=states[n].status,
-                                       done_bytes=info.done_bytes,
-                                       total_bytes=info.total_bytes, rate_bps=info.rate_bps,
-                                       source=downloading[n],
-                                       detail=info.current_file or "")
-                if info.state == "running":
-                    post(ev.PreparationProgressed(node=node))
-                    continue
-                label = downloading.pop(n)
-                if info.state == "done":
-                    node = _check(n, model_id, targets[n], manifest)  # verified again, by the node itself
-                    node = node.model_copy(update={"verdict": states[n].status, "source": label})
-                else:
-                    node = node.model_copy(update={"status": "failed", "detail": info.error or info.state})
-                post(ev.PreparationProgressed(node=node))
-                states[n] = node
-        bad = [f"{names.get(n, n)}: {st.status} {st.detail}".strip() for n, st in states.items() if st.status != "present"]
+        stop = threading.Event()  # one node's error ends the others' waits at once
+
+        def follow_copy(n: str) -> None:
+            def copying(info: DownloadInfo) -> NodePreparation:
+                return NodePreparation(node_id=n, status="downloading", verdict=states[n].status,
+                                       done_bytes=info.done_bytes, total_bytes=info.total_bytes,
+                                       rate_bps=info.rate_bps, source=downloading[n], detail=info.current_file or "")
+
+            try:
+                info = follow_job(lambda: targets[n].progress(model_id), f"the copy to {names.get(n, n)}", timeout_s,
+                                  poll_s, cancel=stop,
+                                  on_running=lambda info: post(ev.PreparationProgressed(node=copying(info))))
+            except JobCancelled:
+                return
+            except JobTimeout as exc:
+                stop.set()
+                raise PrepareFailed(str(exc)) from None
+            except BaseException:
+                stop.set()
+                raise
+            if info.state == "done":
+                node = _check(n, model_id, targets[n], manifest)  # verified again, by the node itself
+                node = node.model_copy(update={"verdict": states[n].status, "source": downloading[n]})
+            else:
+                node = copying(info).model_copy(update={"status": "failed", "detail": info.error or info.state})
+            post(ev.PreparationProgressed(node=node))
+            states[n] = node
+
+        if downloading:
+            with ThreadPoolExecutor(max_workers=len(downloading), thread_name_prefix="prepare-copy") as pool:
+                for future in [pool.submit(follow_copy, n) for n in downloading]:
+                    future.result()
+        bad = [f"{names.get(n, n)}: {st.status} {st.detail}".strip()
+               for n, st in states.items() if st.status != "present"]
         if bad:
             raise PrepareFailed("; ".join(bad))
     except (PrepareFailed, AgentError) as exc:
         post(ev.PreparationFinished(model_id=model_id, error=str(exc)))
         return False
+    # Fresh reports before "ready to launch": a preview or launch at once must see the model on
+    # every node, not wait for the watcher's next round of reports.
+    for n, client in targets.items():
+        try:
+            post(ev.NodeReported(node_id=n, report=client.report(), at=time.time()))
+        except AgentError:
+            pass  # the watcher's next round reports it
     post(ev.PreparationFinished(model_id=model_id))
     return True
 

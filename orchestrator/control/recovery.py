@@ -5,7 +5,7 @@ same configuration and cluster secret; the other stages keep their processes and
 The coordinator's links reconnect by themselves (they retry), then it resets every stage
 and re-runs its readiness probe (prefill + batched decode of two requests) before it says
 ready again. Steps of each attempt are appended to the session's timeline
-(`recovery_steps`, pure) and reported as `LaunchStepped` events like a launch's.
+(`timelines.recovery_steps`, pure) and reported as `LaunchStepped` events like a launch's.
 
 Order: the post-mortem of each process is kept, the process is stopped (a wedged one is
 still running), started again, waited for until it listens, the coordinator is waited for
@@ -20,7 +20,7 @@ Only a teardown removes it.
 A stage whose node's agent cannot be reached is restarted on another node instead
 (`relocation.choose_node`: reachable, holds the model, has a free port and memory for the
 stage): the session's record follows (`StageMoved`), and the running coordinator is told the
-new address (a request signed with the cluster secret, engine/routes.py); it re-points its
+new address (a request signed with the cluster secret, engine/stage_address.py); it re-points its
 link and passes the address down the chain, so the previous stage re-dials too. When no node
 holding the model has room, a node that has room copies it first from the nodes that hold it
 (`stage_copy.py`: verified peer copy, its progress a step of the attempt). The old
@@ -36,96 +36,25 @@ from typing import TYPE_CHECKING, Callable
 
 import requests
 
-from ..agent.client import AgentClient, AgentError
-from ..engine.routes import ROUTE_PATH, SIGNATURE_HEADER, request_body, sign
-from ..planner.cluster_toml import engine_address
-from ..registrar import Registrar, RegistrarError
-from . import events as ev
-from .launcher import LaunchFailed, Launcher, Post, Timeouts
-from .state import PostMortem, Session, StageStatus, State, Step
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.schemas import ProcessInfo
+from orchestrator.control import events as ev
+from orchestrator.control.coordinator_client import CoordinatorClient
+from orchestrator.control.launcher import Launcher, LaunchFailed, Post, Timeouts
+from orchestrator.control.session_toml import cluster_toml
+from orchestrator.control.state import PostMortem, Session, StageStatus, State
+from orchestrator.control.timelines import backoff, ordered, recovery_steps, stage_moved, step_prefix
+from orchestrator.engine.stage_address import request_body
+from orchestrator.planner.cluster_toml import engine_address
+from orchestrator.registrar import Registrar, RegistrarError
 
 if TYPE_CHECKING:
-    from .relocation import Move
+    from orchestrator.control.relocation import Move
 
 ROUTE_TIMEOUT_S = 10.0  # the coordinator answers at once; only a frozen one takes long
 
 STOP_GRACE_S = 1.0  # the process is broken: no long goodbye (a wedged one never answers SIGTERM)
 LOG_LINES = 30
-BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0)  # before attempt 1, 2, 3, ...; covers an agent restarting
-
-
-def backoff(attempt: int) -> float:
-    """Seconds to wait before recovery attempt `attempt` (1-based)."""
-    return BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)]
-
-
-def _label(process: str) -> str:
-    return "Coordinator" if process == "coordinator" else f"Stage {process.split('-', 1)[1]}"
-
-
-def step_prefix(fault_number: int, attempt: int) -> str:
-    """Timeline keys of one recovery attempt start with this (unique per fault and attempt)."""
-    return f"recovery-{fault_number}.{attempt}."
-
-
-def _head(fault_number: int, attempt: int) -> str:
-    return f"Recovery {fault_number}" + (f", attempt {attempt}" if attempt > 1 else "") + ": "
-
-
-def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: int, attempt: int) -> tuple[Step, ...]:
-    """The pending timeline steps of one recovery attempt (pure)."""
-    p = step_prefix(fault_number, attempt)
-    head = _head(fault_number, attempt)
-    nodes = {f"stage-{st.index}": (st.node_name, st.port) for st in session.stages}
-    coordinator_node = next((st.node_name for st in session.stages if st.node_id == session.coordinator_node),
-                            "its node")
-    steps = []
-    for proc in processes:
-        node, port = nodes.get(proc, (coordinator_node, session.coordinator_port))
-        steps.append(Step(key=p + f"{proc}.stop", label=head + f"{_label(proc)} stopped on {node} (post-mortem kept)"))
-        steps.append(Step(key=p + f"{proc}.start", label=head + f"{_label(proc)} restarting on {node}"))
-        if proc != "coordinator":
-            steps.append(Step(key=p + f"{proc}.listen", label=head + f"{_label(proc)} transport listening on port {port}"))
-    steps.append(Step(key=p + "coordinator.healthy",
-                      label=head + "coordinator healthy again (re-connected, probe through every stage)"))
-    steps.append(Step(key=p + "router.register", label=head + "router entry confirmed (it stayed registered; the "
-                                                               "router answered 503 + Retry-After meanwhile)"))
-    return tuple(steps)
-
-
-def stage_moved(session: Session, e: ev.StageMoved) -> Session:
-    """The session after its stage `e.stage.index` moved to another node during the current
-    recovery attempt: its placement and TOML, and the attempt's steps for it (pure)."""
-    k, new = e.stage.index, e.stage
-    if not 0 <= k < len(session.stages):
-        return session
-    old = session.stages[k]
-    p = step_prefix(len(session.faults), session.recovery_attempt) + f"stage-{k}."
-    head = _head(len(session.faults), session.recovery_attempt)
-    # The move step follows the model's copy to the node when there was one, else the stop.
-    after = p + "copy" if any(st.key == p + "copy" for st in session.timeline) else p + "stop"
-    steps: list[Step] = []
-    for st in session.timeline:
-        if st.key == p + "start":
-            st = st.model_copy(update={"label": head + f"Stage {k} starting on {new.node_name} "
-                                                       f"(layers {new.first_layer}–{new.last_layer})"})
-        elif st.key == p + "listen":
-            st = st.model_copy(update={"label": head + f"Stage {k} transport listening on port {new.port}"})
-        steps.append(st)
-        if st.key == after:
-            steps.append(Step(key=p + "move", label=head + f"stage {k} moved to {new.node_name} "
-                                                           f"(from {old.node_name})", state="done", detail=e.reason))
-        elif st.key == p + "listen":
-            steps.append(Step(key=p + "route", label=head + f"coordinator told stage {k}'s new address "
-                                                            f"({new.host}:{new.port}); it passes it down the chain"))
-    stages = tuple(new if st.index == k else st for st in session.stages)
-    return session.model_copy(update={"stages": stages, "config_toml": e.config_toml, "timeline": tuple(steps)})
-
-
-def ordered(processes: tuple[str, ...]) -> tuple[str, ...]:
-    """Stages in ascending order, the coordinator last (it connects to them)."""
-    stages = sorted((p for p in processes if p != "coordinator"), key=lambda p: int(p.split("-", 1)[1]))
-    return tuple(stages) + (("coordinator",) if "coordinator" in processes else ())
 
 
 class Recovery:
@@ -146,6 +75,7 @@ class Recovery:
         self.post = post
         self.secret = secret
         self.launcher = Launcher(session, agents, registrar, post, timeouts, cancel)
+        self.launcher.secret = secret  # its health looks are the control plane's (priority at the coordinator)
         self.prefix = step_prefix(len(session.faults), session.recovery_attempt)
 
     def _step(self, key: str, state: str, detail: str = "") -> None:
@@ -166,8 +96,9 @@ class Recovery:
             for proc in self.processes:
                 key = f"{proc}.stop"
                 self._step(key, "running")
-                mortems.append(self.post_mortem(proc))
-                why = self.stop(proc)
+                before = self.post_mortem(proc)
+                why, stopped = self.stop(proc)
+                mortems.append(settled(before, stopped))
                 if why:
                     stranded[proc] = why
                 self._step(key, "done", mortems[-1].ended + (f"; {why}" if why else ""))
@@ -184,6 +115,10 @@ class Recovery:
                     key = f"{proc}.listen"
                     self._step(key, "running")
                     self.launcher.wait_listening(self.node_of(proc), proc, self.launcher.t.listen)
+                    if proc not in stranded and "coordinator" not in self.processes:
+                        # Restarted in place: the coordinator is told its address all the same, so
+                        # a move replayed meanwhile (or any stale address) can never keep it away.
+                        self.tell_coordinator(proc)
                     self._step(key, "done")
                     if proc in stranded:
                         key = f"{proc}.route"
@@ -239,26 +174,27 @@ class Recovery:
         return PostMortem(process=process, node_name=node_name, ended=ended, log_tail=tail,
                           progress=status.progress if status else None)
 
-    def stop(self, process: str) -> str:
+    def stop(self, process: str) -> tuple[str, ProcessInfo | None]:
         """Stop what is left of the process (a 404 means it is already gone); returns why its
-        node cannot take it back ("" when it can): no agent, or one that does not answer."""
+        node cannot take it back ("" when it can: no agent, or one that does not answer) and
+        how the process ended as the stop observed it (None when unknown)."""
         agent = self.agents.get(self.node_of(process))
         if agent is None:
-            return "its node is not registered"
+            return "its node is not registered", None
         try:
-            agent.stop_process(self.s.id, process, STOP_GRACE_S)
+            return "", agent.stop_process(self.s.id, process, STOP_GRACE_S)
         except AgentError as exc:
             if exc.status == 0:  # unreachable: a process left there ends with its lease
-                return exc.message
+                return exc.message, None
             if exc.status != 404:
                 raise
-        return ""
+        return "", None
 
     def move(self, process: str, why: str, toml: str) -> str:
         """Choose another node for a stage whose node is unreachable, record the move
         (StageMoved) and return the cluster TOML with its new address; LaunchFailed if none can."""
-        from .planning import PlanningError, model_info
-        from .relocation import choose_node, moved_toml
+        from orchestrator.control.planning import PlanningError, model_info
+        from orchestrator.control.relocation import choose_node, moved_toml
 
         if process == "coordinator":  # its address is the router entry and the clients' URL
             raise LaunchFailed(process, f"the coordinator's node cannot take it back ({why}); a coordinator "
@@ -293,8 +229,9 @@ class Recovery:
     def copy_model(self, process: str, choice: "Move", target: AgentClient) -> None:
         """Copy the session's model to the node a stage moves to, from the nodes `choice` names
         (a step of the attempt, with its progress); LaunchFailed when it is not there verified."""
-        from .preparer import PrepareFailed, reference_manifest
-        from .stage_copy import CopyCancelled, CopyFailed, copy_key, copy_model
+        from orchestrator.control.preparer import PrepareFailed, reference_manifest
+        from orchestrator.control.stage_copy import CopyCancelled, CopyFailed, copy_model
+        from orchestrator.control.timelines import copy_key
 
         assert self.agent_for is not None and self.state is not None
         names = {n.id: n.name for n in self.state.nodes}
@@ -324,13 +261,24 @@ class Recovery:
         st = self.s.stages[int(process.split("-", 1)[1])]
         body = request_body(st.index, engine_address(st.host, st.port), time.time())
         try:
-            r = requests.post(self.s.url + ROUTE_PATH, data=body, timeout=ROUTE_TIMEOUT_S,
-                              headers={SIGNATURE_HEADER: sign(self.secret.encode(), body),
-                                       "Content-Type": "application/json"})
+            r = CoordinatorClient(self.s.url, self.secret).move_stage(body, ROUTE_TIMEOUT_S)
         except requests.RequestException as exc:
             raise LaunchFailed(process, f"the coordinator could not be told the new address: {exc}") from None
         if r.status_code != 200:
             raise LaunchFailed(process, f"the coordinator refused the new address ({r.status_code}): {r.text[:200]}")
+
+
+def settled(before: PostMortem, stopped: ProcessInfo | None) -> PostMortem:
+    """The post-mortem with the exit the stop observed (pure): a look taken before the stop may
+    see a process still running that was in fact dying (a `kill -9` not yet reaped); the stop's
+    answer tells whether it ended by itself or had to be stopped, and with which status."""
+    if stopped is None or stopped.alive or not before.ended.startswith("still running"):
+        return before
+    how = f"killed by {stopped.signal}" if stopped.signal else \
+        f"exit status {stopped.exit_code}" if stopped.exit_code is not None else "exited (status unknown)"
+    if stopped.stop_reason:  # the stop ended it: it was running, as the look said
+        return before.model_copy(update={"ended": f"{before.ended.removesuffix(': killed')}: stopped ({how})"})
+    return before.model_copy(update={"ended": how})
 
 
 def _status_of(s: Session, process: str) -> StageStatus | None:
@@ -341,8 +289,6 @@ def _status_of(s: Session, process: str) -> StageStatus | None:
 
 
 def _cluster_toml(s: Session) -> str:
-    from .launcher import cluster_toml
-
     return cluster_toml(s)
 
 

@@ -25,13 +25,13 @@ import tomllib
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..agent.schemas import ModelInfo
-from ..engine.config import ClusterConfig
-from ..planner import PlanSettings
-from ..planner.cluster_toml import engine_address, render_cluster_toml
-from ..planner.memory import StageCosts
-from ..units import format_bytes
-from .state import Node, Session, Settings, StagePlacement
+from orchestrator.agent.schemas import ModelInfo
+from orchestrator.control.state import Node, Session, Settings, StagePlacement
+from orchestrator.engine.config import ClusterConfig
+from orchestrator.planner import PlanSettings
+from orchestrator.planner.cluster_toml import engine_address, render_cluster_toml
+from orchestrator.planner.memory import StageCosts
+from orchestrator.units import format_bytes
 
 DEFAULT_CONTEXT = 4096  # a session without a plan's numbers (single-node, tests): the plan form's defaults
 DEFAULT_CONCURRENCY = 4

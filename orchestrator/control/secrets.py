@@ -9,10 +9,10 @@ can never reach a browser or /api/state.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import threading
 from pathlib import Path
+
+from orchestrator.atomic_write import write_atomically
 
 FILENAME = "secrets.json"
 
@@ -48,11 +48,4 @@ class SecretStore:
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".secrets-", suffix=".json")
-        try:
-            os.fchmod(fd, 0o600)
-            os.write(fd, json.dumps(self._secrets).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self._secrets))

@@ -12,7 +12,7 @@ The copy belongs to the recovery attempt: its step in the session's timeline sho
 progress (bytes and per cent), a failure fails the attempt with its reason, and a cancel
 (the session is stopped) ends the agent's job and drops its partial files.
 
-`copy_started` and `progress_detail` are pure; `copy_model` is the I/O.
+`copy_model` is the I/O; its pure step builders are in `timelines.py`.
 """
 
 from __future__ import annotations
@@ -21,20 +21,15 @@ import threading
 import time
 from typing import Callable
 
-from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import Manifest
-from ..units import format_bytes, format_rate
-from . import events as ev
-from .recovery import _head, step_prefix
-from .state import Session, Step
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
+from orchestrator.agent.schemas import DownloadInfo, Manifest
+from orchestrator.control.timelines import copy_key, copy_started, copy_timeout, progress_detail
+from orchestrator.units import format_bytes
 
 PROGRESS_EVERY_S = 1.0  # each step update is saved with the state: no more than this often
 POLL_S = 0.25
-# Bounded by the slowest LAN the copy should still finish over (10 MB/s), plus a floor for
-# the start and the final check: a copy that takes longer fails the attempt instead of
-# holding the session in recovery for ever.
-COPY_FLOOR_S = 600.0
-SLOWEST_BPS = 10e6
+
 
 Stepper = Callable[[str, str], None]  # (step state, detail) of the copy's timeline step
 
@@ -47,41 +42,6 @@ class CopyCancelled(Exception):
     """The recovery was cancelled during the copy (its partial files are dropped)."""
 
 
-def copy_timeout(total_bytes: int) -> float:
-    """Seconds a copy of `total_bytes` may take before the attempt gives up on it."""
-    return COPY_FLOOR_S + total_bytes / SLOWEST_BPS
-
-
-def progress_detail(done: int, total: int, rate_bps: float = 0.0) -> str:
-    """A copy's progress as the timeline shows it: bytes, per cent and rate (pure)."""
-    percent = 100 * done // total if total > 0 else 0
-    rate = f", {format_rate(rate_bps)}" if rate_bps > 0 else ""
-    return f"{format_bytes(done)} of {format_bytes(total)} ({percent} %){rate}"
-
-
-def copy_key(index: int) -> str:
-    """The copy step's key within a recovery attempt (after the attempt's prefix)."""
-    return f"stage-{index}.copy"
-
-
-def copy_started(session: Session, e: ev.StageCopyStarted) -> Session:
-    """The session with the copy's step in its current recovery attempt, right after the
-    stage's stop step (pure)."""
-    p = step_prefix(len(session.faults), session.recovery_attempt)
-    key = p + copy_key(e.index)
-    if not any(st.key == p + f"stage-{e.index}.stop" for st in session.timeline) or \
-            any(st.key == key for st in session.timeline):
-        return session
-    head = _head(len(session.faults), session.recovery_attempt)
-    step = Step(key=key, state="running", detail=progress_detail(0, e.total_bytes),
-                label=head + f"{e.model_id} copied to {e.node_name} over the LAN from {', '.join(e.sources)} "
-                             "(no node holding it had room; every file verified)")
-    steps: list[Step] = []
-    for st in session.timeline:
-        steps.append(st)
-        if st.key == p + f"stage-{e.index}.stop":
-            steps.append(step)
-    return session.model_copy(update={"timeline": tuple(steps)})
 
 
 def _discard(target: AgentClient, model_id: str) -> None:
@@ -98,25 +58,29 @@ def copy_model(target: AgentClient, sources: list[AgentClient], model_id: str, m
     """Copy the model to `target` from `sources` and have the target verify it against
     `manifest`; returns the step's closing detail. CopyFailed or CopyCancelled otherwise."""
     total = manifest.total_bytes
-    deadline = time.monotonic() + (copy_timeout(total) if timeout_s is None else timeout_s)
+    limit = copy_timeout(total) if timeout_s is None else timeout_s
     started = time.monotonic()
-    shown = 0.0
+    shown, last = 0.0, None
+
+    def running(info: DownloadInfo) -> None:
+        nonlocal shown, last
+        last = info
+        if time.monotonic() - shown >= PROGRESS_EVERY_S:  # each step update is saved: not too often
+            shown = time.monotonic()
+            step("running", progress_detail(info.done_bytes, info.total_bytes or total, info.rate_bps))
+
     try:
         target.fetch_from_peers(model_id, sources, manifest)
-        while True:
-            if cancel.wait(poll_s):
-                _discard(target, model_id)
-                raise CopyCancelled
-            info = target.progress(model_id)
-            if info.state != "running":
-                break
-            if time.monotonic() > deadline:
-                _discard(target, model_id)
-                raise CopyFailed(f"still copying after {deadline - started:.0f} s "
-                                 f"({progress_detail(info.done_bytes, total)})")
-            if time.monotonic() - shown >= PROGRESS_EVERY_S:
-                shown = time.monotonic()
-                step("running", progress_detail(info.done_bytes, info.total_bytes or total, info.rate_bps))
+        try:
+            info = follow_job(lambda: target.progress(model_id), f"the copy of {model_id}", limit, poll_s,
+                              cancel=cancel, on_running=running)
+        except JobCancelled:
+            _discard(target, model_id)
+            raise CopyCancelled from None
+        except JobTimeout:
+            _discard(target, model_id)
+            done = last.done_bytes if last is not None else 0
+            raise CopyFailed(f"still copying after {limit:.0f} s ({progress_detail(done, total)})") from None
         if info.state != "done":
             _discard(target, model_id)  # a failed job may keep partial files for a resume: none will come
             raise CopyFailed(info.error or f"the copy was {info.state}")

@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ..agent.schemas import Report
-from ..planner import Plan, Refusal
-from .download_state import ModelDeletion, ModelDownload
+from orchestrator.agent.schemas import Report
+from orchestrator.control.download_state import ModelDeletion, ModelDownload
+from orchestrator.planner import Plan, Refusal
 
 
 class _Frozen(BaseModel):
@@ -91,6 +91,15 @@ class StageProgress(_Frozen):
     pid: int | None = None
 
 
+class StageCache(_Frozen):
+    """A stage's prompt-cache entries as its last PONG said (docs/prompt-cache.md)."""
+
+    entries: int = 0
+    bytes: int = 0
+    hits: int = 0
+    tokens_reused: int = 0
+
+
 class StageStatus(_Frozen):
     """What the watcher last saw of a stage."""
 
@@ -101,6 +110,7 @@ class StageStatus(_Frozen):
     detail: str = ""
     progress: StageProgress | None = None
     fault: str = ""  # the coordinator's verdict, e.g. "wedged: no progress for 16 s inside one step"
+    prompt_cache: StageCache | None = None
 
 
 class PostMortem(_Frozen):
@@ -248,6 +258,24 @@ class PreviewedPlan(_Frozen):
                 **doc["result"]}
 
 
+class VerifiedCopy(_Frozen):
+    """A node's copy of a model the dashboard checked file by file (sha256) (control/verification.py)."""
+
+    model_id: str
+    node_id: str
+    fingerprint: str = ""  # of the node's reported manifest when checked; "" until the node reports it
+    how: str = ""  # what checked it: "downloaded from the hub", "checked against node-a", "Verify"
+
+
+class CopyCheck(_Frozen):
+    """The latest Verify of one copy: running, or how it ended."""
+
+    model_id: str
+    node_id: str
+    phase: Literal["running", "verified", "failed"] = "running"
+    message: str = ""
+
+
 class State(_Frozen):
     """Everything the dashboard shows, as one immutable snapshot."""
 
@@ -260,6 +288,8 @@ class State(_Frozen):
     downloads: tuple[ModelDownload, ...] = ()  # Models tab: hub downloads and their LAN copies
     deletions: tuple[ModelDeletion, ...] = ()  # Models tab: models being (or just) deleted from a node
     plan: PreviewedPlan | None = None  # the last previewed plan, shown to every viewer
+    verified: tuple[VerifiedCopy, ...] = ()  # copies the dashboard checked, while their files stay
+    checks: tuple[CopyCheck, ...] = ()  # Verify on request: the latest per copy
     version: int = 0
 
     def node(self, node_id: str) -> Node | None:

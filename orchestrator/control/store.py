@@ -6,13 +6,12 @@ because it holds the nodes' credentials.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from .state import Node, Session, Settings, State
+from orchestrator.atomic_write import write_atomically
+from orchestrator.control.state import Node, Session, Settings, State, VerifiedCopy
 
 FILENAME = "control.json"
 
@@ -23,6 +22,7 @@ class Persisted(BaseModel):
     settings: Settings = Settings()
     nodes: list[Node] = []
     sessions: list[Session] = []
+    verified: list[VerifiedCopy] = []  # copies the dashboard checked (they stay Verified while their files do)
 
 
 def load(state_dir: Path) -> State:
@@ -36,7 +36,7 @@ def load(state_dir: Path) -> State:
         raise ValueError(f"{path}: unreadable control-plane state ({exc})") from None
     nodes = tuple(n.model_copy(update={"report": None, "status": "unreachable", "error": "not seen since restart"})
                   for n in data.nodes)
-    return State(settings=data.settings, nodes=nodes, sessions=tuple(data.sessions))
+    return State(settings=data.settings, nodes=nodes, sessions=tuple(data.sessions), verified=tuple(data.verified))
 
 
 def save(state_dir: Path, state: State) -> None:
@@ -44,17 +44,11 @@ def save(state_dir: Path, state: State) -> None:
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     doc = Persisted(settings=state.settings, nodes=[n.model_copy(update={"report": None}) for n in state.nodes],
-                    sessions=[s.model_copy(update={"samples": ()}) for s in state.sessions])  # charts: live only
+                    sessions=[s.model_copy(update={"samples": ()}) for s in state.sessions],  # charts: live only
+                    verified=list(state.verified))
     data = doc.model_dump_json(indent=1).encode()
     # model_dump_json excludes nothing by repr=False, so the credential is in the file: owner-only.
-    fd, tmp = tempfile.mkstemp(dir=state_dir, prefix=".control-", suffix=".json")
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, state_dir / FILENAME)
+    write_atomically(state_dir / FILENAME, data)
 
 
 __all__ = ["load", "save"]

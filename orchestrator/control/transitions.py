@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from . import events as ev
-from .download_events import (ModelDeletionFinished, ModelDeletionStarted, ModelDownloadFinished,
-                              ModelDownloadListed, ModelDownloadProgressed, ModelDownloadStarted, apply_download)
-from .recovery import recovery_steps, stage_moved
-from .stage_copy import copy_started
-from .state import SAMPLES, Fault, Node, Preparation, Session, Settings, State
-
+from orchestrator.control import events as ev
+from orchestrator.control import verification
+from orchestrator.control.download_events import (
+    DownloadsCleared,
+    ModelDeletionFinished,
+    ModelDeletionStarted,
+    ModelDownloadFinished,
+    ModelDownloadListed,
+    ModelDownloadProgressed,
+    ModelDownloadStarted,
+    apply_download,
+)
+from orchestrator.control.state import SAMPLES, CopyCheck, Fault, Node, Preparation, Session, Settings, State
+from orchestrator.control.timelines import copy_started, recovery_steps, stage_moved
 
 HISTORY = 5  # ended sessions kept for the monitor
 FAULTS = 20  # faults kept per session (each with its post-mortems)
@@ -101,11 +108,28 @@ def apply(state: State, event: ev.Event) -> State:
     return new.model_copy(update={"version": state.version + 1}) if new is not state else state
 
 
-def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per event class)
+def _apply(state: State, event: ev.Event) -> State:
     match event:
+        case ModelDownloadProgressed(model_id=model_id, node=node) if node.status == "verified":
+            # verified on arrival (hub sha256, or the first node's files over the LAN)
+            return verification.record(apply_download(state, event), model_id, node.node_id,
+                                       "downloaded from the hub, then verified" if node.source.startswith("hub")
+                                       else f"copied over the {node.source or 'LAN'}, then verified")
+        case ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error):
+            new = apply_download(state, event)
+            return new if error else verification.forget(new, model_id, node_id)
         case (ModelDownloadStarted() | ModelDownloadProgressed() | ModelDownloadListed() | ModelDownloadFinished()
-              | ModelDeletionStarted() | ModelDeletionFinished()):
+              | ModelDeletionStarted() | DownloadsCleared()):
             return apply_download(state, event)  # the Models tab's downloads and deletions: their own module
+        case ev.CopyCheckStarted(model_id=model_id, node_id=node_id):
+            others = tuple(c for c in state.checks if (c.model_id, c.node_id) != (model_id, node_id))
+            return state.model_copy(update={"checks": others + (CopyCheck(model_id=model_id, node_id=node_id),)})
+        case ev.CopyCheckFinished(model_id=model_id, node_id=node_id, ok=ok, message=message):
+            others = tuple(c for c in state.checks if (c.model_id, c.node_id) != (model_id, node_id))
+            check = CopyCheck(model_id=model_id, node_id=node_id, phase="verified" if ok else "failed", message=message)
+            new = state.model_copy(update={"checks": others + (check,)})
+            return (verification.record(new, model_id, node_id, message or "checked by Verify") if ok
+                    else verification.forget(new, model_id, node_id))
         case ev.SettingsChanged(settings=settings):
             return state.model_copy(update={"settings": settings})
         case ev.NodeRegistered(node=node):
@@ -113,12 +137,13 @@ def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per 
             discovered = tuple(d for d in state.discovered if d.fingerprint != node.id)
             return state.model_copy(update={"nodes": others + (node,), "discovered": discovered})
         case ev.NodeRemoved(node_id=node_id):
-            return state.model_copy(update={"nodes": tuple(n for n in state.nodes if n.id != node_id)})
+            gone = verification.forget(state, None, node_id)
+            return gone.model_copy(update={"nodes": tuple(n for n in state.nodes if n.id != node_id)})
         case ev.NodeReported(node_id=node_id, report=report, at=at):
             if state.node(node_id) is None:
                 return state
-            return _replace_node(state, node_id, report=report, status="reachable", error=None, last_seen=at,
-                                 name=report.name)
+            return verification.reconcile(_replace_node(state, node_id, report=report, status="reachable", error=None,
+                                                        last_seen=at, name=report.name), node_id)
         case ev.NodeUnreachable(node_id=node_id, error=error):
             node = state.node(node_id)
             if node is None or (node.status == "unreachable" and node.error == error):
@@ -141,7 +166,14 @@ def _apply(state: State, event: ev.Event) -> State:  # noqa: C901 (one case per 
             if prep is None:
                 return state
             nodes = tuple(node if n.node_id == node.node_id else n for n in prep.nodes)
-            return state.model_copy(update={"preparation": prep.model_copy(update={"nodes": nodes})})
+            new = state.model_copy(update={"preparation": prep.model_copy(update={"nodes": nodes})})
+            if node.status != "present":
+                return new
+            # Present: its files matched the reference copy's manifest, sha256 by sha256
+            how = (f"downloaded from the {node.source}, then verified" if node.source.startswith("hub ")
+                   else f"copied over the LAN from {node.source}, then verified" if node.source
+                   else "checked by Prepare against the reference copy")
+            return verification.record(new, prep.model_id, node.node_id, how)
         case ev.PreparationFinished(model_id=model_id, error=error):
             prep = state.preparation
             if prep is None or prep.model_id != model_id:

@@ -1,8 +1,9 @@
 """The watcher: renews leases, observes every live session and every node (the I/O edge).
 
-Every `interval` — or at once when a coordinator's state changes (`pulse.Pulse` long-polls
-each watched session's coordinator and wakes it) — it reads the orchestrator's latest snapshot, asks each node's agent about
-its engine processes and each running session's coordinator about its pipeline (GET /health)
+Every `interval` — or at once when a coordinator's state changes (`pulse.Wakeup` long-polls
+each watched session's coordinator and wakes it) — it reads the orchestrator's latest snapshot,
+asks each node's agent about its engine processes and each running session's coordinator about
+its pipeline (GET /health)
 and its token counter (GET /metrics, for the tokens/s chart), and posts what it saw — only
 when something changed. Judging what it means (Unhealthy, teardown) is the orchestrator's job.
 """
@@ -14,60 +15,77 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-import requests
-
-from ..agent.client import AgentClient, AgentError
-from ..agent.schemas import ProcessInfo
-from ..proc.clock import SYSTEM_CLOCK, Clock
-from . import events as ev
-from .pulse import Pulse
-from .sampling import TOKENS_METRIC, Reading, metric_value, recent_rate, remember, same_reading, sample
-from .state import Session, StageProgress, StageStatus, State
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.agent.schemas import ProcessInfo
+from orchestrator.control import events as ev
+from orchestrator.control.chart_samples import (
+    IN_FLIGHT_METRIC,
+    TOKENS_METRIC,
+    Reading,
+    metric_value,
+    recent_rate,
+    remember,
+    same_reading,
+    sample,
+)
+from orchestrator.control.coordinator_client import CoordinatorClient, HealthLook
+from orchestrator.control.state import Session, StageCache, StageProgress, StageStatus, State
+from orchestrator.control.watcher_wakeup import Wakeup
+from orchestrator.engine.coordinator.health_report import StageReport
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 
 Post = Callable[[ev.Event], None]
 
 
-def progress_of(doc: dict) -> StageProgress | None:
-    """A stage's progress report from its entry in the coordinator's /health (None if absent or odd)."""
-    p = doc.get("progress")
-    if not isinstance(p, dict):
-        return None
-    try:
-        chunk = p.get("chunk")
-        return StageProgress(steps=int(p.get("steps") or 0), busy_s=float(p.get("busy_s") or 0.0),
-                             request=p.get("request"), chunk=tuple(chunk) if chunk else None,
-                             queued=int(p.get("queued") or 0), pid=p.get("pid"))
-    except (TypeError, ValueError):
-        return None
+def cache_of(report: StageReport | None) -> StageCache | None:
+    """A stage's prompt-cache figures from the coordinator's report of it (None without)."""
+    c = report.prompt_cache if report is not None else None
+    return None if c is None else StageCache(entries=c.entries, bytes=c.bytes, hits=c.hits,
+                                             tokens_reused=c.tokens_reused)
 
 
-def judge(session: Session, processes: dict[str, ProcessInfo | None], coordinator: dict | None,
-          coordinator_error: str) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...]]:
+def progress_of(report: StageReport | None) -> StageProgress | None:
+    """A stage's progress report from its entry in the coordinator's health report (None if absent)."""
+    p = report.progress if report is not None else None
+    if p is None:
+        return None
+    return StageProgress(steps=p.steps, busy_s=p.busy_s, request=p.request, chunk=p.chunk, queued=p.queued,
+                         pid=p.pid)
+
+
+def judge(session: Session, processes: dict[str, ProcessInfo | None],
+          look: HealthLook) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...]]:
     """Per-stage status, why the pipeline is broken ("" when fine) and which processes to replace
-    for it ("stage-1", "coordinator"; empty when no single culprit is known). Pure."""
-    stages_health = {s.get("id"): s for s in (coordinator or {}).get("stages", [])}
+    for it ("stage-1", "coordinator"; empty when no single culprit is known). Pure.
+
+    Only `look.report` is the coordinator's verdict: a busy coordinator (429: its connections
+    are full) is alive and says nothing about its pipeline, which is then judged by the
+    agents' process listings alone."""
+    coordinator = look.report
     statuses, problems, culprits = [], [], []
     for st in session.stages:
         name = f"stage-{st.index}"
         info = processes.get(name)
-        h = stages_health.get(name, {})
-        fault = str(h.get("fault") or "")
+        h = coordinator.stage(name) if coordinator is not None else None
+        fault = h.fault if h is not None else ""
         if info is None:
             statuses.append(StageStatus(alive=None, detail="agent unreachable"))
             problems.append(f"{name} on {st.node_name}: agent unreachable")
             culprits.append(name)
             continue
         statuses.append(StageStatus(alive=info.alive, port_listening=info.port_listening,
-                                    connected=(h.get("state") == "up") if h else None, step_ms=h.get("step_ms"),
+                                    connected=(h.state == "up") if h is not None else None,
+                                    step_ms=h.step_ms if h is not None else None,
                                     detail="" if info.alive else f"exited ({info.exit_code or info.signal})",
-                                    progress=progress_of(h), fault=f"wedged: {fault}" if fault else ""))
+                                    progress=progress_of(h), fault=f"wedged: {fault}" if fault else "",
+                                    prompt_cache=cache_of(h)))
         if not info.alive:
             problems.append(f"{name} on {st.node_name} exited ({info.exit_code or info.signal or 'unknown'})")
         elif not info.port_listening:
             problems.append(f"{name} on {st.node_name}: transport port {st.port} not listening")
         elif fault:
             problems.append(f"{name} on {st.node_name} wedged: {fault}")
-        elif h.get("state") == "down" and coordinator is not None and coordinator.get("status") != "ready":
+        elif h is not None and h.state == "down" and coordinator is not None and coordinator.status != "ready":
             problems.append(f"{name} on {st.node_name}: the coordinator lost it")  # e.g. frozen (SIGSTOP)
         else:
             continue
@@ -76,16 +94,18 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None], coordinato
     if coord is not None and not coord.alive:
         problems.append(f"coordinator exited ({coord.exit_code or coord.signal or 'unknown'})")
         culprits.append("coordinator")
+    elif look.busy:
+        pass  # alive and answering, only full: never a fault by itself
     elif coordinator is None:
-        problems.append(f"coordinator unreachable: {coordinator_error}")
+        problems.append(f"coordinator unreachable: {look.error}")
         culprits.append("coordinator")  # dead, frozen, or gone with its agent: replaced all the same
-    elif coordinator.get("status") not in ("ready", "warming"):
+    elif coordinator.status not in ("ready", "warming", "starting"):
         # Warming is the coordinator re-probing after its links came back by themselves (a stage
         # frozen for a moment, then continued): it heals alone, or its probe fails within
         # 60 s as "unhealthy" naming the stage. Judged a fault, it had no culprit and the
         # whole cluster was torn down (seen in the chaos run).
-        reason = str(coordinator.get("reason"))
-        problems.append(f"coordinator {coordinator.get('status')}: {reason}")
+        reason = coordinator.reason
+        problems.append(f"coordinator {coordinator.status}: {reason}")
         # A probe or canary that a stage failed names that stage ("stage-1: ...").
         named = [f"stage-{i}" for i in sorted({int(m) for m in re.findall(r"\bstage-(\d+)\b", reason)})
                  if int(i) < len(session.stages)]
@@ -98,8 +118,10 @@ class Watcher:
 
     def __init__(self, snapshot: Callable[[], State], agents: Callable[[str], AgentClient | None], post: Post,
                  interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0,
-                 clock: Clock = SYSTEM_CLOCK, confirm_s: float = 1.5) -> None:
+                 clock: Clock = SYSTEM_CLOCK, confirm_s: float = 1.5,
+                 secret_of: Callable[[str], str | None] = lambda _: None) -> None:
         self._snapshot = snapshot
+        self._secret_of = secret_of  # session id -> cluster secret: the control plane's priority at coordinators
         self._clock = clock  # injected: tests move time for this watcher only, not for every thread
         self._agents = agents
         self._post = post
@@ -107,10 +129,10 @@ class Watcher:
         self.lease_s = lease_s
         self.report_every = report_every
         self._stop = threading.Event()
-        # Set by the pulse when a coordinator's state changed (a stage lost, a coordinator gone):
+        # Set by the wakeup when a coordinator's state changed (a stage lost, a coordinator gone):
         # the next cycle runs now, not up to `interval` later — on a recovery's critical path.
         self._woken = threading.Event()
-        self._pulse = Pulse(self._woken.set)
+        self._pulse = Wakeup(self._woken.set, secret_of=secret_of)
         self._pulsing = False  # only the running loop long-polls; a test's cycle() calls do not
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="watch")
         self._last_lease = 0.0
@@ -208,42 +230,49 @@ class Watcher:
         """One look at a session now, outside the loop (the orchestrator's restart recovery)."""
         node_ids = set(s.node_ids)
         listed = {nid: self._processes(nid) for nid in node_ids}
-        processes, coordinator, error = _look(s, listed, health_timeout)
-        return judge(s, processes, coordinator, error)
+        processes, look = _look(s, listed, self.client(s), health_timeout)
+        return judge(s, processes, look)
+
+    def client(self, s: Session) -> CoordinatorClient:
+        """The session's coordinator, asked with its cluster's control token."""
+        return CoordinatorClient(s.url, self._secret_of(s.id))
 
     def _observe(self, s: Session, listed: dict[str, list[ProcessInfo] | None]) -> None:
-        processes, coordinator, error = _look(s, listed, 1.0)
-        statuses, problem, culprits = judge(s, processes, coordinator, error)
-        readings = remember(self._tokens.get(s.id, ()), self._read_tokens(s) if coordinator is not None else None)
+        client = self.client(s)
+        processes, look = _look(s, listed, client, 1.0)
+        statuses, problem, culprits = judge(s, processes, look)
+        reading, busy = self._read_tokens(client) if look.answered else (None, False)
+        readings = remember(self._tokens.get(s.id, ()), reading)
         self._tokens[s.id] = readings
-        look = sample(self._clock.time(), recent_rate(readings), statuses)
-        fresh = not same_reading(s.samples[-1] if s.samples else None, look)
+        seen = sample(self._clock.time(), recent_rate(readings, busy), statuses)
+        fresh = not same_reading(s.samples[-1] if s.samples else None, seen)
         if fresh or statuses != s.stage_status:
-            self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=look if fresh else None))
-        if problem and s.phase == "running" and self._confirmed(s.id, processes, coordinator):
+            self._post(ev.SessionObserved(session_id=s.id, stage_status=statuses, sample=seen if fresh else None))
+        if problem and s.phase == "running" and self._confirmed(s.id, processes, look):
             self._post(ev.SessionFaulted(session_id=s.id, reason=problem, processes=culprits, at=self._clock.time()))
         elif not problem:
             self._suspects.pop(s.id, None)
 
-    def _confirmed(self, session_id: str, processes: dict[str, ProcessInfo | None], coordinator: dict | None) -> bool:
+    def _confirmed(self, session_id: str, processes: dict[str, ProcessInfo | None], look: HealthLook) -> bool:
         """Whether a session's problem is a fault now: at once when a process is known dead or the
         coordinator itself said what is wrong; when it is only silence, once it has lasted confirm_s."""
         known_dead = any(p is not None and not p.alive for p in processes.values())
-        silent = coordinator is None or any(p is None for p in processes.values())
+        silent = look.report is None or any(p is None for p in processes.values())
         if known_dead or not silent:
             self._suspects.pop(session_id, None)
             return True
         first = self._suspects.setdefault(session_id, self._clock.monotonic())
         return self._clock.monotonic() - first >= self.confirm_s
 
-    def _read_tokens(self, s: Session) -> Reading | None:
-        """The coordinator's generated-token counter and when it was read (None if unreadable)."""
-        try:
-            r = requests.get(s.url + "/metrics", timeout=1.0)
-            value = metric_value(r.text, TOKENS_METRIC) if r.status_code == 200 else None
-        except requests.RequestException:
-            return None
-        return None if value is None else (self._clock.monotonic(), value)
+    def _read_tokens(self, client: CoordinatorClient) -> tuple[Reading | None, bool]:
+        """The coordinator's generated-token counter and when it was read (None if unreadable), and
+        whether a request is in flight."""
+        text = client.metrics(timeout=1.0)
+        if text is None:
+            return None, False
+        value = metric_value(text, TOKENS_METRIC)
+        busy = bool(metric_value(text, IN_FLIGHT_METRIC))
+        return (None if value is None else (self._clock.monotonic(), value)), busy
 
     def _report(self, node_id: str) -> None:
         agent = self._agents(node_id)
@@ -255,10 +284,10 @@ class Watcher:
             self._post(ev.NodeUnreachable(node_id=node_id, error=exc.message, at=self._clock.time()))
 
 
-def _look(s: Session, listed: dict[str, list[ProcessInfo] | None],
-          timeout: float) -> tuple[dict[str, ProcessInfo | None], dict | None, str]:
+def _look(s: Session, listed: dict[str, list[ProcessInfo] | None], client: CoordinatorClient,
+          timeout: float) -> tuple[dict[str, ProcessInfo | None], HealthLook]:
     """The session's processes picked from the agents' listings (None: agent unreachable) and
-    the coordinator's /health document (None, with the error, when it does not answer)."""
+    one look at the coordinator's health."""
     def find(node_id: str, name: str, index: int | None) -> ProcessInfo | None:
         infos = listed.get(node_id)
         return None if infos is None else next(
@@ -266,10 +295,7 @@ def _look(s: Session, listed: dict[str, list[ProcessInfo] | None],
 
     processes = {f"stage-{st.index}": find(st.node_id, f"stage-{st.index}", st.index) for st in s.stages}
     processes["coordinator"] = find(s.coordinator_node, "coordinator", None)
-    try:
-        return processes, requests.get(s.url + "/health", timeout=timeout).json(), ""
-    except (requests.RequestException, ValueError) as exc:
-        return processes, None, str(exc)
+    return processes, client.health(timeout)
 
 
 def _gone(s: Session, index: int | None) -> ProcessInfo:

@@ -1,4 +1,4 @@
-"""The cluster TOML (README "Cluster configuration"): which node runs which stage, on which address.
+"""The cluster TOML (docs/configuration.md, "The cluster TOML"): which node runs which stage, on which address.
 
 Pure parsing and validation; the only I/O is reading the file and the secret.
 """
@@ -13,7 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SECRET_ENV = "PIPESERVE_CLUSTER_SECRET"
+from orchestrator import settings
+
+SECRET_ENV = settings.CLUSTER_SECRET.name
+DEFAULT_PROMPT_CACHE_BYTES = 1 << 30
 
 
 class ConfigError(ValueError):
@@ -119,6 +122,21 @@ class ClusterSpec(BaseModel):
     # A stage inside one step (or with work queued and no step done) this long is wedged;
     # default engine.watchdog.DEFAULT_STALL_TIMEOUT. Longer than the longest prefill chunk.
     stall_timeout_s: float | None = Field(default=None, gt=0)
+    # Bytes of prompt-cache entries each stage may hold (docs/prompt-cache.md); 0 turns the cache off.
+    # Unset: DEFAULT_PROMPT_CACHE_BYTES (the planner writes a figure sized from free memory).
+    prompt_cache_bytes: int | None = Field(default=None, ge=0)
+    # Bytes of prompt-cache files each stage may keep under its node's models directory (the disk
+    # tier, engine/stage/disk_cache.py): a restarted stage comes back warm. 0 (default): no disk tier.
+    prompt_cache_disk_bytes: int = Field(default=0, ge=0)
+    # Speculative decoding (prompt lookup, engine/coordinator/drafting.py): the most tokens a request drafts
+    # per pass; 0 turns it off. Off by itself for models whose caches cannot roll back (engine/stage/speculate.py).
+    # Default off: the measurements so far (docs/benchmark.md, "Speculative decoding") showed no gain.
+    speculative_tokens: int = Field(default=0, ge=0, le=16)
+
+    @property
+    def prompt_cache_budget(self) -> int:
+        """The per-stage prompt-cache budget in bytes."""
+        return DEFAULT_PROMPT_CACHE_BYTES if self.prompt_cache_bytes is None else self.prompt_cache_bytes
 
     @field_validator("tensor_parallel_size")
     @classmethod
@@ -203,9 +221,9 @@ def read_secret(config: ClusterConfig, config_path: str | os.PathLike[str], env:
 
     Never taken from the command line, where other local users could read it.
     """
-    env = os.environ if env is None else env
-    if env.get(SECRET_ENV):
-        return env[SECRET_ENV].encode()
+    secret = settings.CLUSTER_SECRET.read(env)
+    if secret:
+        return secret.encode()
     if config.cluster.secret_file:
         path = Path(config_path).parent / config.cluster.secret_file
         try:

@@ -26,9 +26,10 @@ import threading
 import time
 from collections.abc import Mapping
 
-from ..logs import EventLogger
+from orchestrator import settings
+from orchestrator.logs import EventLogger
 
-PARENT_PID_ENV = "PIPESERVE_PARENT_PID"
+PARENT_PID_ENV = settings.PARENT_PID.name
 POLL_S = 0.25
 GRACE_S = 10.0  # as long as the agent's own stop waits between SIGTERM and SIGKILL
 
@@ -40,13 +41,12 @@ def watch_parent(log: EventLogger, env: Mapping[str, str] | None = None, poll_s:
     Call first thing in an engine entry point. Returns the watching (daemon) thread, or None
     when the variable is absent (not started by an agent) or malformed.
     """
-    value = (os.environ if env is None else env).get(PARENT_PID_ENV)
-    if not value:
-        return None
     try:
-        parent = int(value)
-    except ValueError:
-        log.warning("parent_watch.invalid", value=value[:40])
+        parent = settings.PARENT_PID.read(env)
+    except settings.SettingError as exc:  # the entry point's check exits first; a caller's own env may not
+        log.warning("parent_watch.invalid", reason=str(exc))
+        return None
+    if parent is None:
         return None
     thread = threading.Thread(target=_watch, args=(parent, log, poll_s, grace_s), daemon=True,
                               name="parent-watch")

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# model_type -> what the family is (for the README and the dashboard). Every entry is a
+from orchestrator.models.decoder_config import decoder_view
+
+# model_type -> what the family is (for docs/families.md and the dashboard). Every entry is a
 # parameter of the exactness matrix; adding one here without a passing matrix row is a bug.
 FAMILIES: dict[str, str] = {
     "llama": "Llama 2/3, SmolLM, TinyLlama",
@@ -49,6 +51,9 @@ FAMILIES: dict[str, str] = {
     "cohere2": "Command R7B / Command A (sliding/global, parallel blocks)",
     "olmo3": "OLMo 3 (sliding/global pattern)",
     "hunyuan_v1_dense": "Hunyuan dense",
+    "hunyuan": "Hunyuan-Large (cross-layer attention: a group's shared K/V projections cross a boundary inside it)",
+    "rwkv7": "RWKV-7 (the first layer's value residual v_first crosses every boundary)",
+    "talkie": "Talkie (the normalised token embedding every block adds back crosses every boundary)",
     "lfm2": "LFM2 (hybrid short convolutions)",
     "falcon_h1": "Falcon-H1 (parallel attention + Mamba2)",
     "qwen2_moe": "Qwen1.5 / Qwen2 MoE",
@@ -67,22 +72,252 @@ FAMILIES: dict[str, str] = {
     "step3p5": "Step-3.5-Flash (sliding/global, MoE)",
     "granitemoehybrid": "Granite 4.0-H (hybrid Mamba, MoE)",
     "longcat_flash": "LongCat-Flash (MLA, shortcut MoE with zero experts)",
+    "ministral3": "Ministral 3 (Llama-4 attention scaling, sliding/global)",
+    "mistral4": "Mistral 4 (MLA with Llama-4 attention scaling, MoE)",
+    "exaone_moe": "EXAONE-MoE (sliding/global, MoE)",
+    "afmoe": "AFMoE / Trinity (gated attention, sliding/global, MoE)",
+    "solar_open": "Solar-Open (MoE)",
+    "glm_moe_dsa": "GLM-5 (MLA with sparse indexer, MoE)",
+    "bailing_moe_v3": "Ling 2.5 / BailingMoeV3 (Kimi delta attention, MLA, MoE)",
+    # Multimodal checkpoints, served by their text decoder (the vision tower is never loaded).
+    "gemma3": "Gemma 3 4B-27B (text decoder of the multimodal checkpoint)",
+    "gemma4_text": "Gemma 4 text (per-layer inputs cross the stage boundaries; KV-shared layers stay with their "
+                   "sources)",
+    "gemma4": "Gemma 4 (text decoder of the multimodal checkpoint; per-layer inputs across boundaries)",
+    "llama4": "Llama 4 Scout / Maverick (text decoder: chunked attention, MoE)",
+    "mistral3": "Mistral Small 3.x, Ministral 3, Mistral 4 (text decoder)",
+    "pixtral": "Pixtral (text decoder)",
+    "qwen2_vl": "Qwen2-VL / Qwen2.5-VL (text decoder)",
+    "qwen3_vl": "Qwen3-VL dense (text decoder)",
+    "qwen3_vl_moe": "Qwen3-VL MoE (text decoder)",
+    "kimi_vl": "Kimi-VL (text decoder: MLA, MoE)",
+    "kimi_k25": "Kimi-K2.5 (text decoder: MLA, MoE)",
+    "lfm2_vl": "LFM2-VL (text decoder: hybrid short convolutions)",
+    "minimax_m3_vl": "MiniMax-M3-VL (text decoder: block-sparse attention, MoE)",
+    # Older and smaller decoders (family_specs_classic.py).
+    "gpt2": "GPT-2",
+    "gpt_bigcode": "StarCoder 1 / SantaCoder (multi-query attention)",
+    "gpt_neox": "GPT-NeoX / Pythia (parallel blocks, partial RoPE)",
+    "gptj": "GPT-J",
+    "phi": "Phi-1 / Phi-2",
+    "stablelm": "StableLM 2",
+    "cohere": "Command R (parallel blocks)",
+    "dbrx": "DBRX (MoE)",
+    "granite": "Granite 3 dense (muP multipliers)",
+    "nemotron": "Nemotron 4 / Minitron",
+    "exaone": "EXAONE 3 / 3.5",
+    "ernie4_5": "ERNIE 4.5 dense",
+    "glm": "GLM (glm)",
+    "deepseek": "DeepSeek 1 MoE",
+    "qwen": "Qwen 1",
+    "helium": "Helium (Kyutai)",
+    "telechat3": "TeleChat 3",
+    "mimo": "MiMo 7B",
+    "nanochat": "nanochat",
+    "klear": "Klear MoE",
+    "nanbeige": "Nanbeige (one loop)",
+    "olmo_hybrid": "OLMo hybrid (gated-delta linear attention)",
+    "minicpm3": "MiniCPM3 (MLA)",
+    "openelm": "OpenELM (layer-wise widths)",
+    "mamba": "Mamba 1 / Falcon-Mamba (SSM)",
+    "mamba2": "Mamba 2 / Codestral Mamba (SSM)",
+    "recurrent_gemma": "RecurrentGemma / Griffin (RG-LRU, local attention)",
+    "plamo": "PLaMo 1",
+    "plamo2": "PLaMo 2 (hybrid Mamba2)",
+    "plamo3": "PLaMo 3 (sliding/global)",
+    "baichuan_m1": "Baichuan-M1 (sliding/global, k/v convolution)",
+    "lille_130m": "Lille 130M",
+    "youtu_llm": "Youtu-LLM (MLA)",
+    "mellum": "Mellum (sliding/global, MoE)",
+    "spark2_5": "Spark 2.5 (gated attention, sliding/global)",
+    "laguna": "Laguna (gated attention, sliding/global, MoE)",
+    "bailing_moe_linear": "Ling-Linear (lightning linear attention, MoE)",
+    "gear": "Gear (short convolutions, sliding/global)",
+    "longcat_flash_ngram": "LongCat-Flash n-gram (MLA, n-gram embeddings, MoE)",
+    "bailing_hybrid": "Ling 2.0 hybrid (lightning linear attention, MLA, MoE)",
+    "phixtral": "Phixtral (MoE)",
+    "nemotron_nas": "Nemotron-NAS / Llama-3.1-Nemotron Super, Ultra (per-layer blocks)",
+    "muse_glimmer": "Muse Glimmer (text tower: sliding/global, soft-capping)",
 }
 
 # The one kind of adapter: families whose attention uses the keys it fetched from the cache
 # itself instead of handing them to mlx-lm's shared attention (gemma2's soft-capped scores,
 # MLA's absorbed projections, DeepSeek-V3.2's indexer). In a micro-batched decode step their
 # attention module (this attribute of each layer, or each module of a list of them) runs once
-# per request; MLP and MoE stay batched (engine/batch.py).
+# per request; MLP and MoE stay batched (engine/stage/batch.py).
 ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_attn", "glm4_moe_lite": "self_attn",
-                                 "deepseek_v32": "self_attn", "kimi_linear": "self_attn", "longcat_flash": "self_attn"}
+                                 "deepseek_v32": "self_attn", "kimi_linear": "self_attn", "longcat_flash": "self_attn",
+                                 "glm_moe_dsa": "self_attn", "mistral4": "self_attn", "bailing_moe_v3": "attention",
+                                 "kimi_vl": "self_attn", "kimi_k25": "self_attn",
+                                 "minimax_m3_vl": "self_attn", "gpt_bigcode": "attn", "stablelm": "self_attn",
+                                 "plamo": "self_attn", "plamo2": "mixer", "longcat_flash_ngram": "self_attn",
+                                 "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn"}
+
+# Families served exactly whose decode steps run one request at a time (batch.py refuses
+# their batch, and says why in the stage's stats): the reason, for the README.
+UNBATCHED: dict[str, str] = {
+    "llama4": "its model builds one chunked-attention mask for the whole batch from the first layer's cache",
+    "gpt_bigcode": "its model computes the learned positions with numpy from one offset for the whole batch",
+}
 
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
-ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax"}
+ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax",
+                           "llava": "mistral3", "qwen2_5_vl": "qwen2_vl", "iquestcoder": "llama",
+                           "xverse": "llama"}
+# (model_type, first architecture) pairs mlx-lm loads with another module
+# (mlx_lm.utils MODEL_ARCHITECTURE_REMAPPING).
+ARCHITECTURE_ALIASES: dict[tuple[str, str], str] = {("bailing_hybrid", "BailingMoeV3ForCausalLM"): "bailing_moe_v3"}
 
-# Families whose mlx-lm module loads the text decoder of a multimodal checkpoint (it drops
-# the vision tower): served text-only.
-TEXT_OF_MULTIMODAL = {"qwen3_5", "qwen3_5_moe"}
+# Families whose mlx-lm module loads the text decoder of a multimodal checkpoint (its
+# sanitize() drops the vision tower, which no stage then reads): served text-only.
+TEXT_OF_MULTIMODAL = frozenset({"qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llama4", "mistral3", "pixtral",
+                                "qwen2_vl",
+                                "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25", "lfm2_vl", "minimax_m3_vl"})
+
+# Every other model module of mlx-lm 0.32.2, refused with the mechanism the split engine
+# lacks for it (or why no split of it can be proven): the agent's report, the planner and
+# the stage all show this reason. docs/families.md lists them.
+REFUSED: dict[str, str] = {
+    "deepseek_v41": "DeepSeek-V4.1 carries hc_mult parallel residual streams and their mixing state from layer "
+                    "to layer, and shares compressed KV and index keys across layers in its own layer cache "
+                    "(missing: those streams and that state as tensors of the NAMED stage frame, and its layer "
+                    "cache kept in step by the skipped layers' stand-ins)",
+    "kimi_k3": "Kimi-K3's attention-residual blocks read the outputs of earlier layers of their block across "
+               "stage boundaries (missing: those block outputs handed on as tensors of the NAMED stage frame; its "
+               "tuple-returning layers alone would pass the stand-ins as Gemma 4's do)",
+    "gemma3n": "Gemma 3n runs AltUp's several parallel hidden streams between layers, besides per-layer inputs "
+               "and K/V shared across layers (missing: the AltUp streams across a boundary and its own KV-sharing "
+               "boundaries; per-layer inputs cross as Gemma 4's do)",
+    "afm7": "AFM's last num_kv_reuse_layers layers attend over K/V an earlier layer produced, kept in a second "
+            "layer list (missing: K/V shared across layers that a split may separate)",
+    "iquestloopcoder": "IQuest-Coder-Loop runs the whole layer stack loop_num times per token from its model code "
+                       "(missing: a step that crosses every stage boundary more than once)",
+    "bitnet": "BitNet's BitLinear layers run a Metal-only kernel with no CPU path, so the CPU exactness matrix "
+              "cannot prove a split",
+    "muse_spark": "Muse Spark's layers run mlx-lm's Metal-only kernels (mlx_lm.kernels: norm_add_norm, "
+                  "expert_routing...) with no CPU path, so the CPU exactness matrix cannot prove a split",
+    "phi3small": "Phi-3-small's block-sparse attention aborts mlx's CPU backend (malloc: invalid size) on a "
+                 "40-token prompt, so the CPU exactness matrix cannot prove a split",
+    "olmo": "mlx-lm's olmo module needs the ai2-olmo package and exits at import without it (OLMo 2 and 3 are "
+            "served: olmo2, olmo3)",
+    "prism_hadamard_qwen35": "a pre-rotated 2-bit Hadamard pack of Qwen3.5: its packed module manifest comes only "
+                             "from the publisher's packer, so no test checkpoint can be built and no split proven",
+}
+
+
+# Families whose decoder layers return a tuple, hidden state first (Gemma 4: hidden state,
+# the K/V its KV-shared layers reuse, their offset): the arity the stand-ins must return.
+TUPLE_LAYERS: dict[str, int] = {"gemma4_text": 3, "gemma4": 3, "hunyuan": 2, "rwkv7": 2}
+
+# Families that feed every layer a per-layer input computed from the token ids by these
+# parts outside the layer list (when the config enables them): the first stage owns them, and
+# the per-layer inputs of the layers downstream cross each boundary (engine/stage/carry.py).
+PER_LAYER_INPUTS: dict[str, tuple[str, ...]] = {
+    f: ("embed_tokens_per_layer", "per_layer_model_projection", "per_layer_projection_norm")
+    for f in ("gemma4_text", "gemma4")
+}
+
+
+def per_layer_width(config: dict[str, Any]) -> int:
+    """The width of each layer's per-layer input (0: the family or this config has none)."""
+    if family_of(config) not in PER_LAYER_INPUTS:
+        return 0
+    return int(decoder_view(config).get("hidden_size_per_layer_input", 256) or 0)
+
+
+# Families whose layers take the hidden state as another positional argument than the first
+# (Talkie's blocks take the normalised token embedding first): what the stand-ins replace.
+HIDDEN_AT: dict[str, int] = {"talkie": 1}
+
+# Families whose every layer also takes a tensor the model computes once before its layers
+# (Talkie: the normalised token embedding, added back into every block's output): the
+# position of that argument and its name on the wire. The first stage computes it; it crosses
+# every boundary beside the hidden state, and each later stage's layers take the received one.
+GIVEN_INPUT: dict[str, tuple[int, str]] = {"talkie": (0, "embedding")}
+
+
+# Families whose layer hands the next one state beside the hidden state through the model's
+# loop, which a boundary may fall between (Hunyuan's cross-layer attention: each group of
+# cla_share_factor layers attends with the first one's K/V projections of this step; RWKV-7's
+# first layer's value residual, v_first, which every later layer reads). The
+# position of the layer's argument that takes it, and its parts' names on the wire.
+HANDED_ON: dict[str, tuple[int, tuple[str, ...]]] = {"hunyuan": (3, ("keys", "values")), "rwkv7": (1, ("v_first",))}
+
+
+def handed_on(config: dict[str, Any], boundary: int) -> dict[str, tuple[int, ...]]:
+    """What crosses a boundary before layer `boundary` beside the hidden state, by the layers'
+    hand-on (HANDED_ON): name -> shape after [1, L]; empty when nothing does."""
+    family = family_of(config)
+    if family not in HANDED_ON:
+        return {}
+    view = decoder_view(config)
+    if family == "rwkv7":  # v_first: [B, L, heads, head_dim], from layer 0 on
+        head_dim = int(view["head_dim"])
+        return {"v_first": (int(view["hidden_size"]) // head_dim, head_dim)} if boundary > 0 else {}
+    share = int(view.get("cla_share_factor", 2) or 1)
+    if not view.get("use_cla") or boundary % share == 0:
+        return {}
+    heads, kv_heads = int(view["num_attention_heads"]), int(view["num_key_value_heads"])
+    width = kv_heads * (int(view["hidden_size"]) // heads)
+    return {name: (width,) for name in HANDED_ON["hunyuan"][1]}
+
+
+def shared_kv_cuts(config: dict[str, Any]) -> dict[int, str]:
+    """Stage boundaries (a stage starting at that layer) that would separate a KV-shared layer
+    from the earlier layer whose K/V it attends over, each with the reason it is refused.
+
+    Gemma 4's last num_kv_shared_layers layers reuse the K/V (the whole cache, every position)
+    of the last earlier layer of their attention type; sending that across a boundary would cost
+    the context's K/V per step, so those layers stay on one stage with their sources.
+    """
+    if family_of(config) not in ("gemma4_text", "gemma4"):
+        return {}
+    view = decoder_view(config)
+    n = int(view.get("num_hidden_layers", 35))
+    shared = int(view.get("num_kv_shared_layers", 20) or 0)
+    if shared <= 0 or shared >= n:
+        return {}
+    types = view.get("layer_types")
+    if not isinstance(types, list) or len(types) != n:
+        pattern = int(view.get("sliding_window_pattern", 5))
+        types = ((["sliding_attention"] * (pattern - 1) + ["full_attention"]) * (n // pattern + 1))[:n]
+    first_shared = n - shared
+    last_of = {t: i for i, t in enumerate(types[:first_shared])}
+    cuts: dict[int, str] = {}
+    for j in range(first_shared, n):
+        source = last_of.get(types[j])
+        if source is None:
+            continue
+        for b in range(source + 1, j + 1):
+            cuts.setdefault(b, f"a stage boundary before layer {b} separates KV-shared layer {j} from layer "
+                               f"{source}, whose K/V it reuses (layers {source}-{j} must share a stage)")
+    return cuts
+
+
+def boundary_tensors(config: dict[str, Any], boundary: int) -> dict[str, tuple[int, ...]]:
+    """The tensors that cross a boundary before layer `boundary` beside the hidden state (name ->
+    shape after [1, L]): the per-layer inputs of the layers from there on, what a layer hands on,
+    a tensor every layer takes (GIVEN_INPUT)."""
+    out: dict[str, tuple[int, ...]] = {}
+    width = per_layer_width(config)
+    if width:
+        n = int(decoder_view(config).get("num_hidden_layers", 35))
+        out["per_layer"] = (n - boundary, width)  # engine/stage/carry.py PER_LAYER
+    out.update(handed_on(config, boundary))
+    given = GIVEN_INPUT.get(family_of(config) or "")
+    if given and boundary > 0:  # Talkie's normalised embedding, [1, L, hidden]
+        out[given[1]] = (int(decoder_view(config)["hidden_size"]),)
+    return out
+
+
+def _config_problem(family: str, config: dict[str, Any]) -> str | None:
+    """Refusals that depend on a served family's settings."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if family == "nanbeige" and int(text.get("num_loops") or 1) > 1:
+        return ("Nanbeige with num_loops > 1 runs its layer stack several times per token (missing: a step that "
+                "crosses every stage boundary more than once)")
+    return None
+
 
 # Quantization modes and bit widths the matrix covers.
 QUANT_MODES: dict[str, set[int]] = {"affine": {2, 3, 4, 5, 6, 8}, "mxfp4": {4}}
@@ -93,8 +328,23 @@ def family_of(config: dict[str, Any]) -> str | None:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         return None
-    name = model_type.replace("-", "_")
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else ""
+    if (model_type, arch) in ARCHITECTURE_ALIASES:
+        return ARCHITECTURE_ALIASES[model_type, arch]
+    name = model_type.replace("-", "_").lower()  # lfm2-vl, nemotron-nas, Klear
     return ALIASES.get(name, name)
+
+
+def row_attention(config: dict[str, Any]) -> str | None:
+    """The attention attribute to run once per request in a batched step (ROW_ATTENTION), by
+    the family or, for a multimodal checkpoint, by its text decoder's family (Mistral 3 with a
+    Mistral 4 decoder runs MLA; with a Mistral decoder, shared attention)."""
+    found = ROW_ATTENTION.get(family_of(config) or "")
+    text = config.get("text_config")
+    if found is None and isinstance(text, dict):
+        found = ROW_ATTENTION.get(family_of(text) or "")
+    return found
 
 
 def unsupported_reason(config: dict[str, Any]) -> str | None:
@@ -104,10 +354,13 @@ def unsupported_reason(config: dict[str, Any]) -> str | None:
         return "config.json has no model_type"
     if ("vision_config" in config or "audio_config" in config) and family not in TEXT_OF_MULTIMODAL:
         return f"{config['model_type']} is a multimodal model; pipeserve serves text-only decoders"
+    if family in REFUSED:
+        return f"model family {config['model_type']!r}: {REFUSED[family]}"
     if family not in FAMILIES:
         return (f"model family {config['model_type']!r} is not verified exact in pipeserve's split engine "
                 f"(supported: {', '.join(sorted(FAMILIES))})")
-    return _quantization_problem(config.get("quantization", config.get("quantization_config")))
+    return _config_problem(family, config) or _quantization_problem(
+        config.get("quantization", config.get("quantization_config")))
 
 
 def _quantization_problem(quant: Any) -> str | None:

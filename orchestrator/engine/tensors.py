@@ -1,11 +1,18 @@
-"""Convert between frames and mlx arrays, checking every dimension a peer claims."""
+"""Convert between frames and mlx arrays, checking every dimension a peer claims.
+
+Between stages a FORWARD frame carries the hidden state alone, or, for a family whose layers
+need more than the hidden state downstream (Gemma 4's per-layer inputs), a NAMED frame: the
+hidden state as "h" and each extra tensor under the name the stage model declares.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import mlx.core as mx
 import numpy as np
 
-from .wire import DType, Flag, Frame, Kind
+from orchestrator.engine.wire import DType, Flag, Frame, FrameError, Kind, Tensor, named_payload, named_tensors
 
 _TO_WIRE = {mx.float32: DType.FLOAT32, mx.bfloat16: DType.BFLOAT16, mx.float16: DType.FLOAT16}
 _FROM_WIRE = {DType.FLOAT32: mx.float32, DType.BFLOAT16: mx.bfloat16, DType.FLOAT16: mx.float16}
@@ -18,11 +25,64 @@ def tokens_frame(request_id: int, position: int, tokens: list[int], flags: Flag 
     return Frame(Kind.FORWARD, request_id, position, DType.INT32, (len(tokens),), flags, payload)
 
 
-def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NONE) -> Frame:
-    """FORWARD frame carrying hidden states [1, L, H] in the dtype the layer produced."""
-    dtype = _TO_WIRE[h.dtype]
-    raw = h.view(mx.uint16) if dtype is DType.BFLOAT16 else h  # numpy has no bfloat16
-    return Frame(Kind.FORWARD, request_id, position, dtype, tuple(h.shape), flags, np.array(raw, copy=False).tobytes())
+def _wire(a: mx.array) -> tuple[DType, bytes]:
+    dtype = _TO_WIRE[a.dtype]
+    raw = a.view(mx.uint16) if dtype is DType.BFLOAT16 else a  # numpy has no bfloat16
+    return dtype, np.array(raw, copy=False).tobytes()
+
+
+def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NONE,
+             extras: Mapping[str, mx.array] | None = None) -> Frame:
+    """FORWARD frame carrying hidden states [1, L, H] in the dtype the layer produced.
+
+    With `extras` (name -> [1, L, ...] array) a NAMED frame carrying "h" and each of them;
+    without, the one-tensor frame, unchanged.
+    """
+    dtype, data = _wire(h)
+    if not extras:
+        return Frame(Kind.FORWARD, request_id, position, dtype, tuple(h.shape), flags, data)
+    tensors = {"h": Tensor(dtype, tuple(h.shape), data)}
+    for name, a in extras.items():
+        if name == "h":
+            raise ValueError("the extra tensors of a frame cannot be named h")
+        a_dtype, a_data = _wire(a)
+        tensors[name] = Tensor(a_dtype, tuple(a.shape), a_data)
+    return Frame(Kind.FORWARD, request_id, position, DType.NONE, (), flags | Flag.NAMED, named_payload(tensors))
+
+
+def _array(t: Tensor) -> mx.array:
+    arr = mx.array(np.frombuffer(t.data, dtype=_NUMPY[t.dtype]).reshape(t.shape))
+    return arr.view(mx.bfloat16) if t.dtype is DType.BFLOAT16 else arr
+
+
+def from_frame_with(frame: Frame, *, hidden: int, dtype: mx.Dtype,
+                    extras: Mapping[str, tuple[int, ...]]) -> tuple[mx.array, dict[str, mx.array]]:
+    """A non-first stage's input: the hidden state [1, L, H] and the extra tensors it declares.
+
+    `extras` maps each name to the shape it must have after [1, L] (the same L as the hidden
+    state's), in `dtype`. A family without extras takes the one-tensor frame; with extras, a
+    NAMED frame carrying exactly "h" and those names. Raises ValueError (FrameError) otherwise.
+    """
+    if not extras:
+        if frame.flags & Flag.NAMED:
+            raise ValueError("this stage takes the hidden state alone, not a NAMED frame")
+        return from_frame(frame, first=False, hidden=hidden, vocab=0, dtype=dtype), {}
+    if not frame.flags & Flag.NAMED:
+        raise ValueError(f"this stage takes a NAMED frame of h and {', '.join(extras)}")
+    tensors = named_tensors(frame)
+    if set(tensors) != {"h", *extras}:
+        raise FrameError(f"expected tensors h, {', '.join(extras)}; got {', '.join(tensors)}")
+    h = tensors["h"]
+    h_frame = Frame(Kind.FORWARD, frame.request_id, frame.position, h.dtype, h.shape, Flag.NONE, h.data)
+    x = from_frame(h_frame, first=False, hidden=hidden, vocab=0, dtype=dtype)
+    out = {}
+    for name, rest in extras.items():
+        t = tensors[name]
+        if t.dtype not in _FROM_WIRE or _FROM_WIRE[t.dtype] != dtype or t.shape != (1, x.shape[1], *rest):
+            raise FrameError(f"expected {name} [1, {x.shape[1]}, {', '.join(map(str, rest))}] in {dtype}, "
+                             f"got {t.dtype.name} {t.shape}")
+        out[name] = _array(t)
+    return x, out
 
 
 def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int, dtype: mx.Dtype) -> mx.array:
@@ -43,5 +103,4 @@ def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int, dtype: mx.
         raise ValueError(f"expected hidden states [1, L, {hidden}], got {frame.dtype.name} {frame.shape}")
     if _FROM_WIRE[frame.dtype] != dtype:
         raise ValueError(f"hidden states in {frame.dtype.name}, this model runs {dtype}")
-    arr = mx.array(np.frombuffer(frame.payload, dtype=_NUMPY[frame.dtype]).reshape(frame.shape))
-    return arr.view(mx.bfloat16) if frame.dtype is DType.BFLOAT16 else arr
+    return _array(Tensor(frame.dtype, frame.shape, frame.payload))

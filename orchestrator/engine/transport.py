@@ -11,8 +11,8 @@ import threading
 import time
 from typing import Callable
 
-from . import wire
-from .wire import Flag, Frame, FrameError, HandshakeError
+from orchestrator.engine import wire
+from orchestrator.engine.wire import Flag, Frame, FrameError, HandshakeError
 
 HANDSHAKE_TIMEOUT = 5.0  # for the WHOLE handshake, however slowly its bytes trickle in
 
@@ -151,7 +151,7 @@ def accept(sock: socket.socket, peer: str, secret: bytes, max_frame_bytes: int,
     except (OSError, HandshakeError):
         sock.close()
         raise
-    except Exception as exc:  # anything unexpected from a hostile peer is a refusal, not a crash
+    except Exception as exc:  # noqa: BLE001 (anything unexpected from a hostile peer is a refusal, not a crash)
         sock.close()
         raise HandshakeError(str(exc)) from None
     return conn

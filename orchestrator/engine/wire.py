@@ -1,7 +1,11 @@
 """The stage transport's wire format: a versioned HMAC handshake, then binary frames.
 
 A frame is a fixed 36-byte header (magic, version, kind, dtype, flags, shape, request id,
-KV position, payload length) followed by raw tensor bytes or a small JSON document.
+KV position, payload length) followed by raw tensor bytes or a small JSON document. A
+FORWARD frame with the NAMED flag carries several named tensors instead of one (a family
+whose layers pass more than the hidden state across a stage boundary): its payload is a
+directory (name, dtype, shape of each) followed by the tensors' bytes, every field bounded
+as the header's are. The one-tensor frame stays as it was, byte for byte.
 No pickle: everything a peer sends is parsed by hand and bounded before it is trusted.
 """
 
@@ -18,11 +22,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"PS"
-VERSION = 2  # 2: the SOLO flag
+VERSION = 4  # 2: the SOLO flag; 3: CACHE frames (the prompt cache); 4: NAMED frames (several tensors), DRAFT
+# frames and the RUN flag (speculation)
 HEADER = struct.Struct("<2sBBBBBBQI3II")  # magic ver kind dtype flags ndim pad rid pos shape[3] len
 HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = 64 * 1024
 MAX_GROUP = 256  # frames in one micro-batch
+MAX_TENSORS = 8  # tensors in one NAMED frame
+MAX_NAME = 16    # bytes of a tensor's name
+MAX_NAMED_NDIM = 4  # K/V crosses as [B, heads, L, head_dim]
+NAMED_ENTRY = struct.Struct("<BB")  # dtype ndim (after the name), then ndim u32 dimensions
 
 
 class FrameError(ValueError):
@@ -40,7 +49,11 @@ class Kind(enum.IntEnum):
     PONG = 6
     ERROR = 7     # stage -> coordinator: JSON {"message": ...} about a request
     RESET = 8     # coordinator -> stage: drop every request's state
-    ROUTE = 9     # coordinator -> stages: JSON {"stages": [address, ...]}, a stage moved (engine/routes.py)
+    ROUTE = 9     # coordinator -> stages: JSON {"stages": [address, ...]}, a stage moved (engine/stage_address.py)
+    CACHE = 10    # prompt cache (engine/stage/prompt_cache.py): coordinator -> stages down the chain, a checkpoint
+    #               or evictions; stage -> coordinator, the acknowledgement of a stored entry
+    DRAFT = 11    # coordinator -> stages: JSON {"tokens": [...]}, the drafted tokens the request's next FORWARD
+    #               chunk carries after its last accepted token (engine/stage/speculate.py); travels down the chain
 
 
 class DType(enum.IntEnum):
@@ -65,6 +78,11 @@ class Flag(enum.IntFlag):
     SAMPLE = 1  # the last stage samples a token from this frame's final position
     MORE = 2    # another frame of the same micro-batch follows
     SOLO = 4    # no other work is in flight: a stage may use every core of its host
+    NAMED = 8   # a FORWARD frame whose payload is several named tensors (`named_payload`)
+    RUN = 16    # a RESULT of a verification pass that another RESULT of the same pass follows
+
+
+_FLAGS = Flag.SAMPLE | Flag.MORE | Flag.SOLO | Flag.NAMED | Flag.RUN
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,7 @@ def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:
         kind_e, dtype_e = Kind(kind), DType(dtype)
     except ValueError:
         raise FrameError(f"unknown frame kind {kind} or dtype {dtype}") from None
-    if flags & ~int(Flag.SAMPLE | Flag.MORE | Flag.SOLO):
+    if flags & ~int(_FLAGS):
         raise FrameError(f"unknown flags {flags:#x}")
     if ndim > 3:
         raise FrameError(f"ndim {ndim} > 3")
@@ -127,7 +145,10 @@ def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:
         raise FrameError(f"bad shape {(s0, s1, s2)} for ndim {ndim}")
     if length > max_frame_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the {max_frame_bytes}-byte limit")
-    if dtype_e is DType.NONE:
+    if flags & Flag.NAMED:
+        if kind_e is not Kind.FORWARD or dtype_e is not DType.NONE or ndim or not length:
+            raise FrameError("a NAMED frame is a FORWARD frame without dtype or shape and with a payload")
+    elif dtype_e is DType.NONE:
         if ndim or length > MAX_JSON_BYTES:
             raise FrameError("a frame without dtype carries at most a small JSON payload")
     elif length != math.prod(shape) * dtype_e.itemsize:
@@ -135,13 +156,92 @@ def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:
     return Frame(kind_e, rid, pos, dtype_e, shape, Flag(flags)), length
 
 
+# --- NAMED frames: several tensors ------------------------------------------------------
+# payload: count(u8), then per tensor name_len(u8) name dtype(u8) ndim(u8) dims(u32 * ndim),
+# then the tensors' raw bytes in directory order, nothing after.
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of a NAMED frame: raw bytes of `dtype` shaped by `shape`."""
+
+    dtype: DType
+    shape: tuple[int, ...]
+    data: bytes = field(repr=False)
+
+
+def _check_tensor(name: str, t: Tensor) -> None:
+    if not 0 < len(name.encode()) <= MAX_NAME or not name.isascii() or not name.replace("_", "a").isalnum():
+        raise FrameError(f"tensor name {name!r} is not 1..{MAX_NAME} ASCII letters, digits or _")
+    if t.dtype is DType.NONE or not 0 < len(t.shape) <= MAX_NAMED_NDIM or any(d < 1 or d >= 2**32 for d in t.shape):
+        raise FrameError(f"tensor {name}: bad dtype {t.dtype.name} or shape {t.shape} (1..{MAX_NAMED_NDIM} dims >= 1)")
+    if len(t.data) != math.prod(t.shape) * t.dtype.itemsize:
+        raise FrameError(f"tensor {name}: {len(t.data)} bytes do not match shape {t.shape} of {t.dtype.name}")
+
+
+def named_payload(tensors: dict[str, Tensor]) -> bytes:
+    """The payload of a NAMED frame carrying `tensors` (in their order); FrameError when out of bounds."""
+    if not 0 < len(tensors) <= MAX_TENSORS:
+        raise FrameError(f"a NAMED frame carries 1..{MAX_TENSORS} tensors, not {len(tensors)}")
+    head = [bytes([len(tensors)])]
+    for name, t in tensors.items():
+        _check_tensor(name, t)
+        head += [bytes([len(name)]), name.encode(), NAMED_ENTRY.pack(int(t.dtype), len(t.shape)),
+                 struct.pack(f"<{len(t.shape)}I", *t.shape)]
+    return b"".join(head + [t.data for t in tensors.values()])
+
+
+def named_directory_bytes(shapes: dict[str, tuple[int, ...]]) -> int:
+    """The bytes a NAMED frame's directory takes for tensors of these names and ranks."""
+    return 1 + sum(1 + len(name) + NAMED_ENTRY.size + 4 * len(shape) for name, shape in shapes.items())
+
+
+def named_tensors(frame: Frame) -> dict[str, Tensor]:
+    """The tensors of a NAMED frame, each bounded and checked; FrameError on anything malformed."""
+    if not frame.flags & Flag.NAMED:
+        raise FrameError("not a NAMED frame")
+    data, at = frame.payload, 1
+    count = data[0] if data else 0
+    if not 0 < count <= MAX_TENSORS:
+        raise FrameError(f"a NAMED frame carries 1..{MAX_TENSORS} tensors, not {count}")
+    entries: list[tuple[str, DType, tuple[int, ...]]] = []
+    for _ in range(count):
+        if at >= len(data) or not 0 < data[at] <= MAX_NAME or at + 1 + data[at] + NAMED_ENTRY.size > len(data):
+            raise FrameError("NAMED frame directory truncated or a name longer than 16 bytes")
+        raw_name, at = data[at + 1:at + 1 + data[at]], at + 1 + data[at]
+        dtype, ndim = NAMED_ENTRY.unpack_from(data, at)
+        at += NAMED_ENTRY.size
+        if not 0 < ndim <= MAX_NAMED_NDIM or at + 4 * ndim > len(data):
+            raise FrameError(f"NAMED frame directory: ndim {ndim} not 1..{MAX_NAMED_NDIM} or truncated")
+        shape, at = struct.unpack_from(f"<{ndim}I", data, at), at + 4 * ndim
+        try:
+            name, dtype_e = raw_name.decode("ascii"), DType(dtype)
+        except (UnicodeDecodeError, ValueError):
+            raise FrameError(f"NAMED frame directory: name {raw_name!r} or dtype {dtype} unknown") from None
+        if any(name == n for n, _, _ in entries):
+            raise FrameError(f"tensor {name} named twice")
+        entries.append((name, dtype_e, shape))
+    out: dict[str, Tensor] = {}
+    for name, dtype_e, shape in entries:
+        if dtype_e is DType.NONE or any(d == 0 for d in shape):
+            raise FrameError(f"tensor {name}: bad dtype {dtype_e.name} or shape {shape}")
+        size = math.prod(shape) * dtype_e.itemsize
+        out[name] = Tensor(dtype_e, shape, data[at:at + size])
+        _check_tensor(name, out[name])  # also catches a payload shorter than the directory says
+        at += size
+    if at != len(data):
+        raise FrameError(f"NAMED frame: {len(data) - at} bytes after its last tensor")
+    return out
+
+
 # --- handshake -------------------------------------------------------------------------
-# server -> client: b"PSHS" ver(u16) server_nonce(32)
-# client -> server: b"PSHC" ver(u16) role_len(u8) role client_nonce(32) mac(32)
+# server -> client: b"PSHS" ver(u8) wire(u8) server_nonce(32)
+# client -> server: b"PSHC" ver(u8) wire(u8) role_len(u8) role client_nonce(32) mac(32)
 # server -> client: b"PSOK" mac(32)       (or the connection is closed)
 # Each side proves the secret over both nonces, so neither a replay nor a fake stage works.
 
-HANDSHAKE_VERSION = 1
+HANDSHAKE_VERSION = 2  # 2: both sides also name the frame VERSION they speak (a v1 peer reads 0x0402 and refuses)
+_VERSIONS = struct.Struct("<BB")
 NONCE = 32
 MAX_ROLE = 64
 
@@ -161,16 +261,21 @@ def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
 
 def server_hello(nonce: bytes) -> bytes:
     """The server's opening message."""
-    return b"PSHS" + struct.pack("<H", HANDSHAKE_VERSION) + nonce
+    return b"PSHS" + _VERSIONS.pack(HANDSHAKE_VERSION, VERSION) + nonce
+
+
+def _check_versions(handshake: int, frames: int, who: str) -> None:
+    if handshake != HANDSHAKE_VERSION:
+        raise HandshakeError(f"{who} handshake version {handshake}, this build {HANDSHAKE_VERSION}")
+    if frames != VERSION:
+        raise HandshakeError(f"{who} wire version {frames}, this build {VERSION}")
 
 
 def parse_server_hello(data: bytes) -> bytes:
     """The server nonce from its hello; raises HandshakeError on anything else."""
     if len(data) != 6 + NONCE or data[:4] != b"PSHS":
         raise HandshakeError("peer is not a pipeserve stage")
-    (version,) = struct.unpack("<H", data[4:6])
-    if version != HANDSHAKE_VERSION:
-        raise HandshakeError(f"peer speaks handshake version {version}, this build {HANDSHAKE_VERSION}")
+    _check_versions(*_VERSIONS.unpack(data[4:6]), "peer speaks")
     return data[6:]
 
 
@@ -180,16 +285,16 @@ def client_proof(secret: bytes, role: str, server_nonce: bytes, client_nonce: by
     if not 0 < len(role_b) <= MAX_ROLE:
         raise ValueError("role must be 1..64 bytes")
     mac = _mac(secret, b"client", server_nonce, client_nonce, role_b)
-    return b"PSHC" + struct.pack("<HB", HANDSHAKE_VERSION, len(role_b)) + role_b + client_nonce + mac
+    return b"PSHC" + _VERSIONS.pack(HANDSHAKE_VERSION, VERSION) + bytes([len(role_b)]) + role_b + client_nonce + mac
 
 
 def verify_client(secret: bytes, server_nonce: bytes, head: bytes, rest: bytes) -> tuple[str, bytes]:
     """Check the client's proof (`head` = first 7 bytes, `rest` = the remainder); returns (role, client nonce)."""
     if len(head) != 7 or head[:4] != b"PSHC":
         raise HandshakeError("no handshake: the peer did not start with PSHC")
-    version, role_len = struct.unpack("<HB", head[4:7])
-    if version != HANDSHAKE_VERSION:
-        raise HandshakeError(f"handshake version {version} unsupported")
+    version, frames = _VERSIONS.unpack(head[4:6])
+    _check_versions(version, frames, "client speaks")
+    role_len = head[6]
     if len(rest) != role_len + NONCE + 32 or not 0 < role_len <= MAX_ROLE:
         raise HandshakeError("malformed handshake")
     role_b, client_nonce, mac = rest[:role_len], rest[role_len:role_len + NONCE], rest[role_len + NONCE:]

@@ -6,11 +6,11 @@ and a sized backlog (`server`), a route table with bounded body reading and JSON
 events (`sse`). No web framework: the engine and the agent must not depend on one.
 """
 
-from .errors import OpenAIError, overloaded
-from .handler import App, Handler, Route, route
-from .request import Raw, Request, Streamed, parse_json, validate
-from .server import Limits, Server
-from .sse import EventStream
+from orchestrator.httpkit.errors import AnthropicError, OpenAIError, as_anthropic, overloaded
+from orchestrator.httpkit.handler import CONTROL_HEADER, App, Handler, Route, route
+from orchestrator.httpkit.request import Raw, Request, Streamed, parse_json, validate
+from orchestrator.httpkit.server import Limits, Server
+from orchestrator.httpkit.sse import EventStream
 
-__all__ = ["App", "EventStream", "Handler", "Limits", "OpenAIError", "Raw", "Request", "Route", "Server",
-           "Streamed", "overloaded", "parse_json", "route", "validate"]
+__all__ = ["CONTROL_HEADER", "AnthropicError", "App", "EventStream", "Handler", "Limits", "OpenAIError", "Raw",
+           "Request", "Route", "Server", "Streamed", "as_anthropic", "overloaded", "parse_json", "route", "validate"]

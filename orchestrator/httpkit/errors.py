@@ -22,7 +22,7 @@ class OpenAIError(Exception):
     client backs off instead of hammering an overloaded server).
     """
 
-    def __init__(self, status: int, message: str, type: str | None = None,  # noqa: A002 (OpenAI's field name)
+    def __init__(self, status: int, message: str, type: str | None = None,
                  param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -43,3 +43,32 @@ class OpenAIError(Exception):
 def overloaded(message: str, code: str = "overloaded") -> OpenAIError:
     """Past capacity: 429 with Retry-After (never a 5xx, so clients and routers retry later)."""
     return OpenAIError(429, message, "rate_limit_error", code=code)
+
+
+# Anthropic's error `type` by status (its documented vocabulary); other 4xx are invalid requests, 5xx api errors.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                    429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+class AnthropicError(OpenAIError):
+    """An error answered in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
+
+    The message names the offending field (Anthropic's bodies have no `param`), so a client
+    of /v1/messages sees which field was wrong.
+    """
+
+    def body(self) -> dict:
+        """The JSON error document, shaped as Anthropic's."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        message = self.message
+        if self.param and not message.startswith(self.param):
+            message = f"{self.param}: {message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def as_anthropic(exc: OpenAIError) -> AnthropicError:
+    """The same error (status, message, field, headers) in Anthropic's shape."""
+    if isinstance(exc, AnthropicError):
+        return exc
+    return AnthropicError(exc.status, exc.message, exc.type, exc.param, exc.code, exc.headers)

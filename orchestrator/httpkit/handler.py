@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import socket
 import time
@@ -23,11 +24,13 @@ from urllib.parse import parse_qsl, unquote
 
 from pydantic import BaseModel
 
-from .errors import OpenAIError
-from .request import Raw, Request, Streamed
+from orchestrator.httpkit.errors import RETRY_AFTER_S, OpenAIError, overloaded
+from orchestrator.httpkit.request import Raw, Request, Streamed
 
 if TYPE_CHECKING:
-    from .server import Server
+    from orchestrator.httpkit.server import Server
+
+CONTROL_HEADER = "X-Pipeserve-Control"  # the control plane's token: served in the server's reserved slots
 
 LINGER_BYTES = 16 << 20  # after refusing a body, up to this much of it is read and dropped...
 LINGER_S = 2.0  # ...for at most this long, so the client can finish sending and then read our answer
@@ -84,7 +87,7 @@ class DeadlineReader(socket.SocketIO):
         self.write_timeout = write_timeout
         self.deadline: float | None = None
 
-    def readinto(self, b: Any) -> int | None:  # noqa: D102 (io.RawIOBase)
+    def readinto(self, b: Any) -> int | None:
         wait = self.per_read
         if self.deadline is not None:
             wait = min(wait, self.deadline - time.monotonic())
@@ -113,12 +116,15 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self.reader, 65536)
         self.wfile = _SocketWriter(self.connection)
         self.served = 0
+        self.control = False  # has this connection carried the control plane's token?
 
     def handle_one_request(self) -> None:
         limits = self.server.limits
         if self.served:
             # Keep-alive: the next request may take idle_timeout to start, then header_timeout to arrive.
             self.reader.deadline = time.monotonic() + limits.idle_timeout
+            if not self.control:
+                self.server.waiting(self.connection)  # idle again: a newcomer may take the slot
             try:
                 if not self.rfile.peek(1):
                     self.close_connection = True
@@ -133,7 +139,23 @@ class Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         ok = super().parse_request()
         self.reader.deadline = None  # the head is in; the body has its own deadline
-        return ok
+        server = self.server
+        probation = server.on_probation(self.connection)
+        server.working(self.connection)
+        if not ok:
+            return False
+        self.control = self.control or server.is_control(self.headers.get(CONTROL_HEADER))
+        if probation and not self.control:
+            # Accepted in the slots kept for the control plane: anyone else is told to come back.
+            self.close_connection = True
+            err = overloaded(f"this server is at its limit of {server.limits.max_connections} connections; "
+                             f"retry in {RETRY_AFTER_S} s", "too_many_connections")
+            try:
+                self.send_json(err.status, err.body(), err.headers)
+            except OSError:
+                pass
+            return False
+        return True
 
     def read_body(self, length: int) -> bytes | None:
         """Read `length` body bytes within body_timeout; None if the body ended early."""
@@ -159,12 +181,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         status = int(code) if str(code).isdigit() else 0
-        if not self.server.quiet_reads or self.command != "GET" or status >= 400:
-            self.server.log.info("http.request", method=self.command, path=self.path.split("?")[0], status=code,
-                                 client=self.client_address[0])
+        path, client = (getattr(self, "path", "") or "").split("?")[0], self.client_address[0]
+        if status >= 400:  # a flood of bad requests is collapsed per status and client (log_limits)
+            self.server.log.throttled("http.request", key=f"{status} {client}", level=logging.INFO,
+                                      method=self.command, path=path[:200], status=code, client=client)
+        elif not self.server.quiet_reads or self.command != "GET":
+            self.server.log.info("http.request", method=self.command, path=path, status=code, client=client)
 
     def log_message(self, fmt: str, *args: Any) -> None:
-        self.server.log.info("http.message", text=fmt % args, client=self.client_address[0])
+        client = self.client_address[0]
+        self.server.log.throttled("http.message", key=client, level=logging.INFO, text=(fmt % args)[:200],
+                                  client=client)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Errors http.server raises itself (bad request line, headers too long, timeouts): JSON too."""
@@ -175,16 +202,16 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+    def do_GET(self) -> None:
         self._dispatch("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._dispatch("POST")
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         self._dispatch("PUT")
 
-    def do_DELETE(self) -> None:  # noqa: N802
+    def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
     def _find(self, method: str, path: str) -> tuple[Route, dict[str, str]]:

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import OpenAIError
-from .sse import EventStream
+from orchestrator.httpkit.errors import OpenAIError
+from orchestrator.httpkit.sse import EventStream
 
 if TYPE_CHECKING:
-    from .handler import Handler
+    from orchestrator.httpkit.handler import Handler
 
 M = TypeVar("M", bound=BaseModel)
 

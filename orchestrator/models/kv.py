@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.engine.support import family_of
-
-from .kv_layers import (
+from orchestrator.models.kv_classic import RULES as CLASSIC_RULES
+from orchestrator.models.kv_layers import (
     FLOAT32,
     NONE,
     CacheKind,
@@ -41,7 +41,7 @@ Layers = tuple[LayerCache, ...]
 # head_dim in config.json.
 HIDDEN_OVER_HEADS = frozenset({
     "apertus", "bailing_moe", "granitemoe", "granitemoehybrid", "internlm2", "internlm3", "jamba", "lfm2",
-    "lfm2_moe", "minicpm", "mixtral", "phi3", "phimoe", "qwen2", "qwen2_moe", "starcoder2",
+    "lfm2_moe", "minicpm", "mixtral", "phi3", "phimoe", "qwen2", "qwen2_moe", "starcoder2", "qwen2_vl",
 })
 
 
@@ -204,16 +204,93 @@ def _deepseek_v2(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     return (LayerCache(kind="attention", token_bytes=kv_bytes(heads, key, int(cfg["v_head_dim"]), dt)),) * n
 
 
+def _bailing_moe_v3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Kimi delta attention (num_attention_heads x head_dim) except every layer_group_size-th
+    # layer and the tail past the last whole group, which run MLA (latent + RoPE key).
+    group = int(get(cfg, "layer_group_size", 4))
+    kda = kimi_delta_state({"num_heads": get(cfg, "num_attention_heads", 16), "head_dim": get(cfg, "head_dim", 128),
+                            "short_conv_kernel_size": get(cfg, "short_conv_kernel_size", 4)}, dt)
+    mla = LayerCache(kind="attention", token_bytes=latent(cfg, dt))
+    return tuple(mla if (i + 1) % group == 0 or i >= n // group * group else kda for i in range(n))
+
+
+def _mistral3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # mistral3.py has no make_cache of its own: every layer gets a plain KVCache (windows
+    # unused), holding MLA latents when the decoder is mistral4.
+    return _mla(cfg, n, dt) if cfg.get("kv_lora_rank") else (attention(cfg, dt),) * n
+
+
+def _llama4(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Three layers in four keep a ChunkedKVCache, trimmed to attention_chunk_size before each
+    # step and then grown by one 256-token allocation step: a decoding request holds chunk +
+    # 256 tokens there (only the one request prefilling holds its chunk's tokens on top,
+    # transiently). Every 4th layer is global.
+    attn, chunk = attention(cfg, dt), int(get(cfg, "attention_chunk_size", 8192))
+    return tuple(attn if (i + 1) % 4 == 0 else sliding(attn, chunk + 256) for i in range(n))
+
+
+def _minimax_m3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Block-sparse layers keep CacheList(KVCache, KVCache): keys and values, plus the
+    # indexer's one key of index_head_dim per token; the others one KVCache.
+    sparse = cfg.get("sparse_attention_config") or {}
+    freq = sparse.get("sparse_attention_freq", cfg.get("sparse_attention_freq"))
+    types = cfg.get("layer_types")
+    index = int(sparse.get("sparse_index_dim", get(cfg, "index_head_dim", 0))) * dt
+    block = sparse.get("sparse_block_size", cfg.get("index_block_size"))
+    attn = attention(cfg, dt)
+    with_index = LayerCache(kind="attention", token_bytes=attn.token_bytes + index)
+
+    def is_sparse(i: int) -> bool:
+        if block is None:
+            return False
+        if types is not None:
+            return types[i] != "full_attention"
+        return bool(freq[i]) if freq is not None else True
+
+    return tuple(with_index if is_sparse(i) else attn for i in range(n))
+
+
+def _gemma4(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Sliding layers: head_dim and num_key_value_heads in a RotatingKVCache; global layers:
+    # global_head_dim and num_global_key_value_heads; the last num_kv_shared_layers reuse
+    # earlier layers' K/V and have no cache at all (make_cache stops before them).
+    shared = int(get(cfg, "num_kv_shared_layers", 20))
+    kv_heads = int(get(cfg, "num_key_value_heads", 1))
+    local_dim, global_dim = int(get(cfg, "head_dim", 256)), int(get(cfg, "global_head_dim", 512))
+    global_kv = int(get(cfg, "num_global_key_value_heads", kv_heads))
+    pattern = int(get(cfg, "sliding_window_pattern", 5))
+    types = cfg.get("layer_types") or ((["sliding_attention"] * (pattern - 1) + ["full_attention"]) * n)[:n]
+    window = int(get(cfg, "sliding_window", 512))
+    full = LayerCache(kind="attention", token_bytes=kv_bytes(global_kv, global_dim, global_dim, dt))
+    local = sliding(LayerCache(kind="attention", token_bytes=kv_bytes(kv_heads, local_dim, local_dim, dt)), window)
+    return tuple(NONE if i >= n - shared else full if types[i] == "full_attention" else local for i in range(n))
+
+
+def _rwkv7(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # ArraysCache(3): the attention's token shift [1, hidden], its wkv state [1, heads, head_dim,
+    # head_dim] and the FFN's token shift [1, hidden], all in the model dtype.
+    hidden, head_dim = int(cfg["hidden_size"]), int(cfg["head_dim"])
+    return (LayerCache(kind="state", state_bytes=(2 * hidden + hidden * head_dim) * dt),) * n
+
+
 Rule = Callable[[dict[str, Any], int, int], Layers]
 RULES: dict[str, Rule] = {
-    "llama": _llama, "mistral": _llama,
-    "gemma3_text": _gemma3, "cohere2": _cohere2, "exaone4": _exaone4, "olmo3": _olmo3, "gpt_oss": _gpt_oss,
+    "llama": _llama, "mistral": _llama, "ministral3": _llama, "exaone_moe": _llama, "afmoe": _llama,
+    "gemma3_text": _gemma3, "gemma4_text": _gemma4, "gemma4": _gemma4, "rwkv7": _rwkv7,
+    "cohere2": _cohere2, "exaone4": _exaone4, "olmo3": _olmo3, "gpt_oss": _gpt_oss,
     "mimo_v2_flash": _mimo_v2, "step3p5": _step3p5,
     "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_next, "qwen3_5_moe": _qwen3_next,
     "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "jamba": _jamba,
     "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear,
-    "deepseek_v3": _mla, "glm4_moe_lite": _mla, "deepseek_v32": _deepseek_v32, "longcat_flash": _longcat_flash,
+    "deepseek_v3": _mla, "glm4_moe_lite": _mla, "mistral4": _mla, "deepseek_v32": _deepseek_v32,
+    "glm_moe_dsa": _deepseek_v32, "longcat_flash": _longcat_flash, "bailing_moe_v3": _bailing_moe_v3,
     "deepseek_v2": _deepseek_v2,
+    # Text decoders of multimodal checkpoints (the decoder view of describe.py).
+    "gemma3": _gemma3, "mistral3": _mistral3, "kimi_vl": _mla, "kimi_k25": _mla, "lfm2_vl": _lfm2,
+    "llama4": _llama4, "minimax_m3_vl": _minimax_m3,
+    # Layer-type lists of the older / smaller decoders.
+    "mellum": _llama, "spark2_5": _llama, "laguna": _llama, "muse_glimmer": _llama,
+    **CLASSIC_RULES,
 }
 
 

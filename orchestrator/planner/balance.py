@@ -13,18 +13,20 @@ no longer win: fast enough for hundreds of layers and a handful of nodes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
-from .memory import StageCosts
+from orchestrator.planner.memory import StageCosts
 
 Split = tuple[tuple[int, int], ...]  # inclusive (first, last) per stage
 # cost(stage, start, end) of layers [start, end); math.inf when the stage may not take them.
 CostFn = Callable[[int, int, int], float]
 
 
-def min_max_split(num_layers: int, num_stages: int, cost: CostFn) -> Split | None:
+def min_max_split(num_layers: int, num_stages: int, cost: CostFn,
+                  refused: Collection[int] = ()) -> Split | None:
     """Contiguous split of `num_layers` into `num_stages` non-empty ranges minimizing the
-    largest cost, or None when every split has an infinite cost.
+    largest cost, or None when every split has an infinite cost. No stage starts at a layer
+    in `refused` (a boundary the engine would refuse: `ModelDescription.refused_boundaries`).
 
     `cost` must not decrease when a range grows at its start (what keeps the early exit
     exact). Ties go to the split found first (earlier stages take fewer layers), so the
@@ -45,6 +47,8 @@ def min_max_split(num_layers: int, num_stages: int, cost: CostFn) -> Split | Non
         lo_end, hi_end = k + 1, num_layers - (num_stages - 1 - k)
         for end in (num_layers,) if last else range(lo_end, hi_end + 1):
             for start in range(end - 1, k - 1, -1) if k else (0,):
+                if start in refused:
+                    continue  # not a boundary (a longer stage past it may still win)
                 c = cost(k, start, end)
                 if c == math.inf or c >= nxt[end]:
                     break  # starting earlier only adds layers: never cheaper, never fits again
@@ -73,7 +77,7 @@ def balanced_split(costs: StageCosts, free_bytes: Sequence[int], fill: float = 1
             return math.inf
         return costs.token_bytes(start, end) / max(1, free_bytes[k])
 
-    return min_max_split(costs.num_layers, len(free_bytes), cost)
+    return min_max_split(costs.num_layers, len(free_bytes), cost, frozenset(costs.model.refused_boundaries))
 
 
 def fullest_split(costs: StageCosts, free_bytes: Sequence[int]) -> Split | None:
@@ -82,4 +86,4 @@ def fullest_split(costs: StageCosts, free_bytes: Sequence[int]) -> Split | None:
     def cost(k: int, start: int, end: int) -> float:
         return costs.total_bytes(start, end, runs_coordinator=k == 0) / max(1, free_bytes[k])
 
-    return min_max_split(costs.num_layers, len(free_bytes), cost)
+    return min_max_split(costs.num_layers, len(free_bytes), cost, frozenset(costs.model.refused_boundaries))

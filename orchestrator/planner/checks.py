@@ -6,9 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from orchestrator.models.describe import ModelDescription
-
-from .facts import NodeFacts
-from .result import Issue, RefusalCode
+from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.result import Issue, RefusalCode
 
 
 def check_nodes(nodes: Sequence[NodeFacts]) -> list[Issue]:
@@ -65,9 +64,11 @@ def check_model(model: ModelDescription | None, model_name: str, mlx_format: boo
     return issues
 
 
-def check_split(split: Sequence[tuple[int, int]], num_layers: int, num_stages: int) -> list[Issue]:
+def check_split(split: Sequence[tuple[int, int]], num_layers: int, num_stages: int,
+                refused: Sequence[int] = ()) -> list[Issue]:
     """A manual split must give every node, in order, a non-empty inclusive range, the ranges
-    following each other from layer 0 to the last layer."""
+    following each other from layer 0 to the last layer, no stage starting at a layer in
+    `refused` (ModelDescription.refused_boundaries)."""
     issues: list[Issue] = []
 
     def bad(message: str) -> None:
@@ -82,6 +83,9 @@ def check_split(split: Sequence[tuple[int, int]], num_layers: int, num_stages: i
         if first != expected:
             kind = "overlaps the previous one" if first < expected else "leaves a gap"
             bad(f"stage {k} starts at layer {first}, expected {expected}: the range {kind}")
+        if k and first in refused:
+            bad(f"stage {k} starts at layer {first}, which would separate KV-shared layers from the layers whose "
+                f"K/V they reuse (no stage may start at layers {', '.join(map(str, refused))})")
         expected = max(expected, last + 1)
     if split and expected != num_layers:
         bad(f"ranges end at layer {expected - 1} but the model has layers 0-{num_layers - 1}")

@@ -1,4 +1,4 @@
-"""A Plan as the engine's cluster TOML (README "Cluster configuration"), validated by the engine's own model.
+"""A Plan as the engine's cluster TOML (docs/configuration.md, "The cluster TOML"), validated by the engine's own model.
 
 Node ids follow the engine's convention: "coordinator" (role hybrid) and "stage-K" (role
 pipeline_stage), so `pipeserve stage --node-id stage-K` finds its entry. The plan's bounds
@@ -12,8 +12,7 @@ import json
 from collections.abc import Mapping
 
 from orchestrator.engine.config import ClusterConfig
-
-from .result import Plan
+from orchestrator.planner.result import Plan
 
 
 def engine_address(host: str, port: int) -> str:
@@ -28,8 +27,8 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
     `hosts` maps node id to the IP its peers reach it at, overriding the plan's NodeFacts.host;
     every node needs one. A plan whose transport binds elsewhere (thunderbolt: the nodes'
     Thunderbolt-bridge addresses) uses those addresses before either. Extra `cluster` keys
-    (secret_file, prefill_step_size, max_batch, ...) go into the [cluster] table. Raises ValueError (ConfigError or pydantic's ValidationError)
-    when the result is not a valid cluster.
+    (secret_file, prefill_step_size, max_batch, ...) go into the [cluster] table. Raises
+    ValueError (ConfigError or pydantic's ValidationError) when the result is not a valid cluster.
     """
     hosts = dict(hosts or {})
 
@@ -58,6 +57,8 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
         "transport_backend": plan.settings.transport_backend,
         "context_length": plan.settings.context_length,
         "max_requests": plan.settings.max_concurrent_sequences,
+        # one budget for every stage (the engine's setting): what the tightest stage can spare
+        "prompt_cache_bytes": min(s.prompt_cache_bytes for s in plan.stages),
         **cluster,
     }
     return ClusterConfig.model_validate({"cluster": table, "nodes": nodes})

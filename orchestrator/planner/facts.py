@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.agent.schemas import Report
-
-from .perf_inputs import LayerTiming, LinkCost
-from .transport import InterfaceFact
+from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
+from orchestrator.planner.transport import InterfaceFact
 
 # Packages whose versions must agree across a cluster: the wire format is pipeserve's, and
 # exactness (identical float bits on every stage) needs the same mlx and mlx-lm kernels.

@@ -15,15 +15,24 @@ layer holds a constant state, an MLP-only layer nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import accumulate
 
 from orchestrator.models.describe import ModelDescription
-
-from .settings import PlanSettings
+from orchestrator.planner.plan_settings import PlanSettings
 
 # mlx-lm's KVCache grows in steps of 256 tokens, so a sequence's cache is allocated for its
 # length rounded up to the next multiple.
 KV_STEP = 256
+
+
+PROMPT_CACHE_SHARE = 0.5  # of a stage's headroom (free memory after weights, working KV and overhead)
+PROMPT_CACHE_MAX = 8 << 30  # more rarely pays: entries are evicted long before
+
+
+def prompt_cache_budget(free_bytes: int, total_bytes: int) -> int:
+    """The prompt-cache budget of a stage (docs/prompt-cache.md): a share of its headroom, capped."""
+    return max(0, min(int((free_bytes - total_bytes) * PROMPT_CACHE_SHARE), PROMPT_CACHE_MAX))
 
 
 def kv_tokens(context_length: int) -> int:
@@ -78,6 +87,8 @@ class StageCosts:
         total = self.layer_bytes(start, end) + m.other_bytes
         if self.holds_embedding(start, end):
             total += m.embedding_bytes
+        if start == 0:
+            total += m.first_stage_bytes
         if end == self.num_layers:
             total += m.norm_bytes + m.head_bytes
         return total
@@ -115,3 +126,20 @@ class StageCosts:
     def single_node_bytes(self) -> int:
         """What the whole model needs on one node (one stage plus the coordinator)."""
         return self.total_bytes(0, self.num_layers, runs_coordinator=True)
+
+
+def wire_bytes_per_token(model: ModelDescription, boundary: int) -> int:
+    """Bytes one decoded token puts on the wire at the boundary before layer `boundary`, beyond
+    the frame header: the hidden state, or for a family that passes more the NAMED frame's
+    tensors and directory (ModelDescription.boundary_bytes)."""
+    if not 0 < boundary < model.num_layers:
+        raise ValueError(f"no boundary before layer {boundary} in a {model.num_layers}-layer model")
+    if model.boundary_bytes:
+        return model.boundary_bytes[boundary - 1]
+    return model.hidden_size * model.dtype_bytes
+
+
+def plan_wire_bytes(model: ModelDescription, split: Sequence[tuple[int, int]]) -> int:
+    """The most bytes per token any boundary of `split` carries (what the timing model sends)."""
+    return max((wire_bytes_per_token(model, first) for first, _ in split[1:]),
+               default=model.hidden_size * model.dtype_bytes)

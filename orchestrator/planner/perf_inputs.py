@@ -38,7 +38,7 @@ class LayerTiming(BaseModel):
     # tokens already in the cache.
     prefill_ms_per_token_per_k: float = Field(default=0.0, ge=0)
     # What a decode step costs beyond the layer math, timed through the real code on the node
-    # (engine/profile_step.py): a stage passing hidden states on (frames in and out, the inbox
+    # (engine/profiling/step.py): a stage passing hidden states on (frames in and out, the inbox
     # handoff, conversions, bookkeeping), the last stage (sampling's encode, RESULT frames),
     # and the coordinator (results in, token events to the streaming threads, frames out).
     # 0 in profiles taken before they were measured: the prediction then falls back to

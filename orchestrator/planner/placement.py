@@ -13,12 +13,19 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from .balance import Split, min_max_split
-from .facts import NodeFacts
-from .memory import StageCosts
-from .perf_inputs import ASSUMED_LINK, LOCAL_LINK, LayerTiming, LinkCost
-from .predict import Performance, StageSpec, predict, shared_machines, single_node_stages, single_node_verdict
-from .transport import TransportPlan
+from orchestrator.planner.balance import Split, min_max_split
+from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.memory import StageCosts
+from orchestrator.planner.perf_inputs import ASSUMED_LINK, LOCAL_LINK, LayerTiming, LinkCost
+from orchestrator.planner.predict import (
+    Performance,
+    StageSpec,
+    predict,
+    shared_machines,
+    single_node_stages,
+    single_node_verdict,
+)
+from orchestrator.planner.transport import TransportPlan
 
 MAX_PERMUTED = 6  # nodes after the first; 720 orders at most
 
@@ -47,7 +54,7 @@ def timed_split(costs: StageCosts, free_bytes: Sequence[int], timings: Sequence[
         head = t.head_ms(rows) if end == costs.num_layers else 0.0
         return layer_weight(costs, start, end) * t.layer_ms(rows) + head
 
-    return min_max_split(costs.num_layers, len(free_bytes), cost)
+    return min_max_split(costs.num_layers, len(free_bytes), cost, frozenset(costs.model.refused_boundaries))
 
 
 def link_between(a: NodeFacts, b: NodeFacts) -> LinkCost:
@@ -100,8 +107,8 @@ def timings_for(nodes: Sequence[NodeFacts]) -> tuple[list[LayerTiming] | None, s
 
 def on_transport(link: LinkCost, a: NodeFacts, b: NodeFacts, transport: TransportPlan | None) -> LinkCost:
     """The link as the boundary a → b uses it: with a backend that binds elsewhere than the
-    registry's address (thunderbolt), the interfaces it runs on — and that the probe, which ran
-    over the registry's addresses, measured another path when it did."""
+    registry's address (thunderbolt), the interfaces it runs on — and that the probe measured
+    another path when it did (an older peer without the echo on the stages' path, agent/linkecho.py)."""
     if transport is None or transport.used == "tcp" or a.id == b.id:
         return link
     ia, ib = transport.interface_of(a.id), transport.interface_of(b.id)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .facts import NodeFacts
-from ..units import format_bytes
-from .memory import StageCosts
-from .result import Issue, StagePlan, WarningCode
-from .settings import PlanSettings
+from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.memory import StageCosts
+from orchestrator.planner.plan_settings import PlanSettings
+from orchestrator.planner.result import Issue, StagePlan, WarningCode
+from orchestrator.units import format_bytes
 
 
 def plan_warnings(model_name: str, nodes: Sequence[NodeFacts],
@@ -23,7 +23,7 @@ def plan_warnings(model_name: str, nodes: Sequence[NodeFacts],
     for n in nodes:
         if whole <= n.free_bytes:
             issues.append(Issue(code=WarningCode.FITS_ON_ONE_NODE, node_id=n.id,
-                                message=f"model {model_name} fits on node {n.label} alone ({format_bytes(whole)} "
+                                message=f"model {model_name} fits on node {n.name} alone ({format_bytes(whole)} "
                                         f"of {format_bytes(n.free_bytes)} free): a pipeline gives capacity, not "
                                         "speed; one node serves a single request at least as fast"))
     issues += _imbalance(stages, settings)

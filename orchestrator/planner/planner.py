@@ -12,18 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.models.describe import ModelDescription
-
-from .balance import Split, balanced_split, fullest_split
-from .checks import check_model, check_nodes, check_split
-from .facts import NodeFacts
-from ..units import format_bytes
-from .memory import StageCosts
-from .placement import best_order, plan_performance, timed_split, timings_for
-from .plan_warnings import plan_warnings
-from .ports import PortAllocation, allocate_ports
-from .result import CoordinatorPlan, Issue, Plan, RefusalCode, Refusal, StagePlan
-from .settings import PlanSettings
-from .transport import plan_transport
+from orchestrator.planner.balance import Split, balanced_split, fullest_split
+from orchestrator.planner.checks import check_model, check_nodes, check_split
+from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.memory import StageCosts, plan_wire_bytes, prompt_cache_budget
+from orchestrator.planner.placement import best_order, plan_performance, timed_split, timings_for
+from orchestrator.planner.plan_settings import PlanSettings
+from orchestrator.planner.plan_warnings import plan_warnings
+from orchestrator.planner.ports import PortAllocation, allocate_ports
+from orchestrator.planner.result import CoordinatorPlan, Issue, Plan, Refusal, RefusalCode, StagePlan
+from orchestrator.planner.transport import plan_transport
+from orchestrator.units import format_bytes
 
 
 def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], settings: PlanSettings | None = None,
@@ -53,7 +52,7 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
     free = [n.free_bytes for n in nodes]
     split: Split | None
     if settings.manual_split is not None:
-        split_issues = check_split(settings.manual_split, model.num_layers, len(nodes))
+        split_issues = check_split(settings.manual_split, model.num_layers, len(nodes), model.refused_boundaries)
         reasons += split_issues
         split = None if split_issues else tuple(settings.manual_split)
     else:
@@ -84,7 +83,7 @@ def plan_cluster(model: ModelDescription | None, nodes: Sequence[NodeFacts], set
                       else (ports.stage_ports[k],)) for k, n in enumerate(nodes)},
         warnings=tuple(plan_warnings(name, nodes, stages, costs, settings)),
         settings=settings,
-        performance=plan_performance(costs, nodes, split, model.hidden_size * model.dtype_bytes,
+        performance=plan_performance(costs, nodes, split, plan_wire_bytes(model, split),
                                      settings.manual_split is not None, transport),
         transport=transport,
     )
@@ -106,6 +105,7 @@ def build_stages(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split,
             total_bytes=total, free_bytes=node.free_bytes,
             fit_fraction=total / node.free_bytes if node.free_bytes else float("inf"),
             token_bytes=costs.token_bytes(start, end),
+            prompt_cache_bytes=prompt_cache_budget(node.free_bytes, total),
             transport_port=ports.stage_ports[k] if ports is not None else None,
         ))
     return tuple(rows)

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from .facts import NodeFacts
-from .result import Issue, RefusalCode
-from .settings import PlanSettings
+from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.plan_settings import PlanSettings
+from orchestrator.planner.result import Issue, RefusalCode
 
 COORDINATOR_NODE_PORTS = 3  # coordinator identity, coordinator HTTP, stage 0
 STAGE_NODE_PORTS = 1
@@ -41,7 +41,7 @@ def allocate_ports(nodes: Sequence[NodeFacts], settings: PlanSettings) -> tuple[
     """The lowest free ports in range for every node, nodes on one host never sharing a port.
 
     On the first node the lowest goes to the coordinator's identity, the next to stage 0 and
-    the third to HTTP (as in the README's cluster configuration: coordinator 39600, stage-0 39601). Returns
+    the third to HTTP (as in docs/configuration.md's cluster TOML: coordinator 39600, stage-0 39601). Returns
     the allocation, or None and one issue per node that lacks ports.
     """
     if not nodes:

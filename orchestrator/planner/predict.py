@@ -1,7 +1,7 @@
 """Predicted performance of a pipeline (pure): decode speed, aggregate throughput, time to
 first token, the bottleneck, and a verdict against one node alone.
 
-The model follows what the coordinator's scheduler does (engine/pipeline.py):
+The model follows what the coordinator's scheduler does (engine/coordinator/pipeline.py):
 - one request: a token passes every stage in order (each using all its cores: SOLO), every
   boundary once with one hidden state, and returns to the coordinator with the sampled id;
 - N requests: decode steps go in micro-batches of b = ceil(N / S) rows, at most one group per
@@ -18,7 +18,7 @@ The model follows what the coordinator's scheduler does (engine/pipeline.py):
   when agents share a host): those overlap as before.
 Every step also costs what the stages and the coordinator do beyond the layer math (frames,
 queues, conversions, sampling's encode, streaming): measured on the node through the real
-code (engine/profile_step.py), per rows, and added to each stage's step and to each round.
+code (engine/profiling/step.py), per rows, and added to each stage's step and to each round.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from .perf_inputs import LOCAL_LINK, LayerTiming, LinkCost
+from orchestrator.planner.perf_inputs import LOCAL_LINK, LayerTiming, LinkCost
 
 HEADER_BYTES = 36  # a frame's header (engine/wire.py)
 RESULT_BYTES = 64  # a sampled token's RESULT frame, generously
 # The coordinator's work per step when the profile did not measure it (profiles from before
-# engine/profile_step.py): README measured ~0.1 ms, plus slack.
+# engine/profiling/step.py): docs/benchmark.md measured ~0.1 ms, plus slack.
 COORDINATOR_MS = 0.3
 DEFAULT_REQUESTS = (4, 8, 16)
 DEFAULT_PROMPTS = (1024, 8192)
@@ -256,7 +256,8 @@ def single_node_verdict(split: Performance, single: Performance, node_name: str)
     return f"{one}; {many}"
 
 
-def single_node_stages(timing: LayerTiming, num_layers: float, node_name: str) -> tuple[list[StageSpec], list[LinkCost]]:
+def single_node_stages(timing: LayerTiming, num_layers: float,
+                       node_name: str) -> tuple[list[StageSpec], list[LinkCost]]:
     """The whole model on one node: one stage, the coordinator beside it."""
     return ([StageSpec(label=f"{node_name} alone", node_name=node_name, layer_weight=num_layers, last=True,
                        timing=timing)], [LOCAL_LINK])

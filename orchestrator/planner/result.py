@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .predict import Performance
-from .settings import PlanSettings
-from .transport import TransportPlan
+from orchestrator.planner.plan_settings import PlanSettings
+from orchestrator.planner.predict import Performance
+from orchestrator.planner.transport import TransportPlan
 
 
 class RefusalCode(StrEnum):
@@ -70,6 +70,7 @@ class StagePlan(BaseModel):
     free_bytes: int
     fit_fraction: float  # total / free; above 1.0 it does not fit
     token_bytes: int  # weight bytes read per generated token (what the balance evens out)
+    prompt_cache_bytes: int = 0  # the prompt-cache budget this stage's headroom allows (planner.memory)
     transport_port: int | None = None  # None in a refusal's attempted split
 
     @property

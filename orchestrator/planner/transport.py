@@ -41,7 +41,8 @@ class InterfaceFact(BaseModel):
     @property
     def label(self) -> str:
         """'bridge0 (thunderbolt)', 'eth1 (ethernet, 10000 Mbit/s, RDMA)'."""
-        bits = [self.kind, *([f"{self.speed_mbps} Mbit/s"] if self.speed_mbps else []), *(["RDMA"] if self.rdma else [])]
+        bits = [self.kind, *([f"{self.speed_mbps} Mbit/s"] if self.speed_mbps else []),
+                *(["RDMA"] if self.rdma else [])]
         return f"{self.name} ({', '.join(bits)})"
 
 

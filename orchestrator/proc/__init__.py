@@ -6,11 +6,11 @@ local pipeline, the demo's agents, router and dashboard, the tests' helpers — 
 from an injectable `Clock`, so lease and TTL logic is testable without sleeping.
 """
 
-from .child import ChildError, ChildProcess, ProcState, stop_all
-from .clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
-from .ports import free_port, free_port_block, port_free
-from .scan import kill_marked, marked_processes
-from .wait import WaitTimeout, wait_until
+from orchestrator.proc.child import ChildError, ChildProcess, ProcState, stop_all
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock, FakeClock, SystemClock
+from orchestrator.proc.ports import free_port, free_port_block, port_free
+from orchestrator.proc.scan import kill_marked, marked_processes
+from orchestrator.proc.wait import WaitTimeout, wait_until
 
 __all__ = ["ChildError", "ChildProcess", "Clock", "FakeClock", "ProcState", "SYSTEM_CLOCK", "SystemClock",
            "WaitTimeout", "free_port", "free_port_block", "kill_marked", "marked_processes", "port_free",

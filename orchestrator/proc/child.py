@@ -18,14 +18,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TypeVar
 
-from .clock import SYSTEM_CLOCK, Clock
-from .wait import WaitTimeout, wait_until
+from orchestrator import settings
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
+from orchestrator.proc.wait import WaitTimeout, wait_until
 
 T = TypeVar("T")
 STOP_TIMEOUT_S = 10.0  # between SIGTERM and SIGKILL, and after SIGKILL before giving up
@@ -72,6 +74,7 @@ class ChildProcess:
     exit_code: int | None = None
     signal: str | None = None  # the name of the signal that ended it
     clock: Clock = field(default=SYSTEM_CLOCK, repr=False)
+    started_at: float | None = None  # wall time of a spawn: a rotated log older than it is a former run's
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     # --- starting ----------------------------------------------------------------------
@@ -85,15 +88,20 @@ class ChildProcess:
         to SIGTERM the child when the thread that started it ends — only for a parent that
         starts children from its main thread and wants them gone if it is killed."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        # Always O_APPEND: once the child rotates its log (logs.setup, past PIPESERVE_LOG_MAX_BYTES)
+        # every writer of the old description must land at an end, never at a stale offset.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        started_at = time.time()
         out = os.open(log_path, flags, 0o600)
+        child_env = dict(settings.process_environment() if env is None else env)
+        child_env[settings.LOG_FILE.name] = str(log_path.resolve())  # the file it may rotate
         try:
             popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                                     env=child_env, cwd=cwd, start_new_session=True,
                                      close_fds=True, preexec_fn=_die_with_parent if die_with_parent else None)
         finally:
             os.close(out)  # the child holds its own copy
-        return cls(name, popen.pid, log_path, popen=popen, clock=clock)
+        return cls(name, popen.pid, log_path, popen=popen, clock=clock, started_at=started_at)
 
     @classmethod
     def attach(cls, name: str, pid: int, identity: str | None, identify: Callable[[int], str | None], *,
@@ -146,16 +154,30 @@ class ChildProcess:
 
     def output_lines(self, tail: int = 40) -> list[str]:
         """The last `tail` lines the child printed (stdout and stderr together)."""
+        lines: list[str] = []
+        for path in reversed(self._log_files()):  # the newest file first, the rotated one when it is short
+            try:
+                with open(path, "rb") as f:
+                    size = f.seek(0, os.SEEK_END)
+                    f.seek(max(0, size - 256 * tail - 4096))  # enough for `tail` ordinary lines
+                    data = f.read()
+            except OSError:
+                continue
+            lines = data.decode(errors="replace").splitlines() + lines
+            if len(lines) >= tail:
+                break
+        return lines[-tail:]
+
+    def _log_files(self) -> list[Path]:
+        """The log's files, oldest first: the rotated `<log>.1` (see log_limits) and the log itself."""
         if self.log_path is None:
             return []
+        rotated = self.log_path.with_name(self.log_path.name + ".1")
         try:
-            with open(self.log_path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - 256 * tail - 4096))  # enough for `tail` ordinary lines
-                data = f.read()
+            ours = self.started_at is None or rotated.stat().st_mtime >= self.started_at
         except OSError:
-            return []
-        return data.decode(errors="replace").splitlines()[-tail:]
+            ours = False
+        return [rotated, self.log_path] if ours else [self.log_path]
 
     def output(self, tail: int = 40) -> str:
         """`output_lines` as one text, for error messages."""
@@ -163,11 +185,14 @@ class ChildProcess:
 
     def printed(self, pattern: str) -> str | None:
         """The first group of regular expression `pattern` in everything printed so far."""
-        try:
-            m = re.search(pattern, self.log_path.read_text(errors="replace")) if self.log_path else None
-        except OSError:
-            return None
-        return m.group(1) if m else None
+        for path in self._log_files():  # what it printed first may have been rotated out already
+            try:
+                m = re.search(pattern, path.read_text(errors="replace"))
+            except OSError:
+                continue
+            if m:
+                return m.group(1)
+        return None
 
     def describe_exit(self) -> str:
         """"exited with status N", "killed by SIGX" or "exited" (attached: status unknown)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from .clock import SYSTEM_CLOCK, Clock
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 
 T = TypeVar("T")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from .admin_api import AdminApiRegistrar, ApiKeyAuth, Auth, BasicAuth, BearerAuth
-from .base import BackendEntry, Registrar, RegistrarError
-from .config_file import ConfigFileRegistrar
+from orchestrator.registrar.admin_api import AdminApiRegistrar, ApiKeyAuth, Auth, BasicAuth, BearerAuth
+from orchestrator.registrar.base import BackendEntry, Registrar, RegistrarError
+from orchestrator.registrar.config_file import ConfigFileRegistrar
 
 __all__ = ["AdminApiRegistrar", "ApiKeyAuth", "Auth", "BackendEntry", "BasicAuth", "BearerAuth",
            "ConfigFileRegistrar", "Registrar", "RegistrarError", "registrar_from_settings"]

@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import requests
 
-from .base import BackendEntry, Registrar, RegistrarError, entry_from_dict, validated_entry
+from orchestrator.registrar.base import BackendEntry, Registrar, RegistrarError, entry_from_dict, validated_entry
 
 
 @dataclass(frozen=True)

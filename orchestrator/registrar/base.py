@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..router.config import BackendConfig
+from orchestrator.router.config import BackendConfig
 
 
 class RegistrarError(RuntimeError):

@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
 
-from .base import BackendEntry, Registrar, RegistrarError, entry_from_dict, validated_entry
+from orchestrator.atomic_write import write_atomically
+from orchestrator.registrar.base import BackendEntry, Registrar, RegistrarError, entry_from_dict, validated_entry
 
 
 class ConfigFileRegistrar(Registrar):
@@ -108,23 +108,8 @@ class ConfigFileRegistrar(Registrar):
             mode = self.path.stat().st_mode & 0o7777
         except FileNotFoundError:
             mode = 0o644
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fchmod(f.fileno(), mode)
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise RegistrarError(f"{self.path}: cannot write: {exc}") from None
-            raise
-        # The rename itself must reach the disk, or a crash could bring the old file back.
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            # durable: the rename itself must reach the disk, or a crash could bring the old file back
+            write_atomically(self.path, text, mode=mode, durable_rename=True)
+        except OSError as exc:
+            raise RegistrarError(f"{self.path}: cannot write: {exc}") from None

@@ -5,6 +5,7 @@ backends:
   - {name: smollm2-2stage, url: "http://127.0.0.1:39600", weight: 1, models: [smollm2]}
 health_checks: {enabled: true, interval: 10s, timeout: 5s, unhealthy_threshold: 3,
                 healthy_threshold: 2, endpoint: /v1/models}
+prefix_affinity: {enabled: true}   # pipeserve's own: a conversation goes back to its backend (affinity.py)
 ```
 
 Unknown keys (top level and inside a backend) are kept, not refused: the same file is read
@@ -122,6 +123,27 @@ class HealthChecks(BaseModel):
         return v
 
 
+class PrefixAffinity(BaseModel):
+    """Prefix-aware routing (`prefix_affinity:`; pipeserve's own key, continuum-router ignores it).
+
+    Off by default: a conversation is then balanced like any request.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    enabled: bool = False
+    header: str = Field(default="X-Session-Id", min_length=1)  # a client's explicit session key
+    max_entries: int = Field(default=10000, ge=1, le=10_000_000)
+    prefix_chars: int = Field(default=4096, ge=1, le=10_000_000)  # /v1/completions: characters of the prompt
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v):
+            raise ValueError(f"{v!r} is not an HTTP header name")
+        return v
+
+
 class RouterConfig(BaseModel):
     """The whole file. Other top-level keys are kept in `model_extra`."""
 
@@ -129,8 +151,9 @@ class RouterConfig(BaseModel):
 
     backends: tuple[BackendConfig, ...] = ()
     health_checks: HealthChecks = HealthChecks()
+    prefix_affinity: PrefixAffinity = PrefixAffinity()
 
-    @field_validator("backends", "health_checks", mode="before")
+    @field_validator("backends", "health_checks", "prefix_affinity", mode="before")
     @classmethod
     def _none_is_default(cls, v: Any, info: Any) -> Any:
         # `backends:` with nothing after it is YAML null; read it as "no backends".

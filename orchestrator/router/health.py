@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 from urllib.parse import urlsplit
 
-from ..logs import EventLogger
-from .config import BackendConfig, HealthChecks
+from orchestrator.logs import EventLogger
+from orchestrator.router.config import BackendConfig, HealthChecks
 
 RECHECK_NOT_HEALTHY = 1.0
 MAX_PROBES = 8  # concurrent probes: a hung backend must not delay the others
@@ -208,7 +208,7 @@ class HealthChecker:
     def _run_probe(self, name: str, url: str, generation: int, settings: HealthChecks) -> None:
         try:
             result = self._probe(url, settings)
-        except Exception as exc:  # a probe bug must not stop the checks of this backend
+        except Exception as exc:  # noqa: BLE001 (a probe bug must not stop the checks of this backend)
             result = ProbeResult(None, error=f"probe failed: {exc!r}")
         self._record(name, url, generation, result, passive=False)
         self._wake.set()

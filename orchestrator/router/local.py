@@ -8,13 +8,13 @@ reloads it), and is ready once its `/health` answers.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 
+from orchestrator import settings
 from orchestrator.proc import ChildProcess
 
 STARTUP_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ class LocalRouter:
         """Start the process without waiting for it; its output is appended to `log_path`."""
         self.proc = ChildProcess.spawn("router", self.argv(), self.log_path, append=True,
                                        die_with_parent=self.die_with_parent,
-                                       env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+                                       env={**settings.process_environment(), "PYTHONUNBUFFERED": "1", **self.env})
         return self
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "LocalRouter":

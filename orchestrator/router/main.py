@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from .. import logs
+from orchestrator import logs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Load the YAML, start health checks and hot reload, serve HTTP."""
     log = logs.setup("router", args.log_level)
-    from .config import ConfigError, load_config
-    from .reload import ConfigWatcher, signature
-    from .server import make_server
-    from .service import RouterService
+    from orchestrator.httpkit.server import bound
+    from orchestrator.router.config import ConfigError, load_config
+    from orchestrator.router.reload import ConfigWatcher, signature
+    from orchestrator.router.server import make_server
+    from orchestrator.router.service import RouterService
 
     if args.reload_interval <= 0:
         log.error("config.invalid", reason="--reload-interval must be positive")
@@ -38,14 +39,9 @@ def run(args: argparse.Namespace) -> int:
         log.error("config.invalid", reason=exc, hint="a minimal file is `backends: []`")
         return 2
     service = RouterService(config, log, config_path=args.config)
-    try:
-        server = make_server(service, args.host, args.port)
-    except ValueError as exc:  # a bad PIPESERVE_HTTP_* setting
-        log.error("config.invalid", reason=exc)
-        return 2
-    except OSError as exc:
-        log.error("http.bind_failed", address=f"{args.host}:{args.port}", reason=exc)
-        return 3
+    server = bound(lambda: make_server(service, args.host, args.port), log, f"{args.host}:{args.port}")
+    if isinstance(server, int):
+        return server
     watcher = ConfigWatcher(args.config, service.apply, service.reject, log, args.reload_interval, seen=seen)
     service.start()
     watcher.start()

@@ -5,12 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Mapping
 
-from .health import BackendHealth
-
-
-def _esc(value: str) -> str:
-    """A Prometheus label value: backslash, quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+from orchestrator.httpkit.prometheus import exposition, family, one
+from orchestrator.router.health import BackendHealth
 
 
 class RouterMetrics:
@@ -21,6 +17,7 @@ class RouterMetrics:
         self._requests: dict[tuple[str, str], int] = {}
         self._failovers = 0
         self._reloads: dict[str, int] = {"ok": 0, "invalid": 0}
+        self._affinity: dict[str, int] = {"hit": 0, "new": 0, "moved": 0}
 
     def count_request(self, backend: str, status: int) -> None:
         """One answered request; backend is "-" when the router answered itself."""
@@ -38,25 +35,26 @@ class RouterMetrics:
         with self._lock:
             self._reloads["ok" if ok else "invalid"] += 1
 
+    def count_affinity(self, result: str) -> None:
+        """A keyed request went to its backend ("hit"), to a first one ("new"), or to another
+        one because its backend was out of rotation ("moved")."""
+        with self._lock:
+            self._affinity[result] += 1
+
     def render(self, health: Mapping[str, BackendHealth]) -> str:
         """The exposition text, with the current health of every backend."""
         with self._lock:
             lines = [
-                "# HELP pipeserve_router_requests_total Proxied requests by backend and status.",
-                "# TYPE pipeserve_router_requests_total counter",
-                *(f'pipeserve_router_requests_total{{backend="{_esc(b)}",status="{s}"}} {n}'
-                  for (b, s), n in sorted(self._requests.items())),
-                "# HELP pipeserve_router_failovers_total Requests retried on another backend after a connect failure.",
-                "# TYPE pipeserve_router_failovers_total counter",
-                f"pipeserve_router_failovers_total {self._failovers}",
-                "# HELP pipeserve_router_config_reloads_total Config file changes, applied or rejected.",
-                "# TYPE pipeserve_router_config_reloads_total counter",
-                *(f'pipeserve_router_config_reloads_total{{result="{k}"}} {v}' for k, v in self._reloads.items()),
+                *family("pipeserve_router_requests_total", "counter", "Proxied requests by backend and status.",
+                        [({"backend": b, "status": s}, n) for (b, s), n in sorted(self._requests.items())]),
+                *one("pipeserve_router_failovers_total", "counter",
+                     "Requests retried on another backend after a connect failure.", self._failovers),
+                *family("pipeserve_router_config_reloads_total", "counter", "Config file changes, applied or rejected.",
+                        [({"result": k}, v) for k, v in self._reloads.items()]),
+                *family("pipeserve_router_affinity_total", "counter",
+                        "Requests with an affinity key, by where they went.",
+                        [({"result": k}, v) for k, v in self._affinity.items()]),
             ]
-        lines += [
-            "# HELP pipeserve_router_backend_healthy 1 when the backend is routable.",
-            "# TYPE pipeserve_router_backend_healthy gauge",
-            *(f'pipeserve_router_backend_healthy{{backend="{_esc(n)}",state="{h.state}"}} {int(h.routable)}'
-              for n, h in sorted(health.items())),
-        ]
-        return "\n".join(lines) + "\n"
+        lines += family("pipeserve_router_backend_healthy", "gauge", "1 when the backend is routable.",
+                        [({"backend": n, "state": h.state}, int(h.routable)) for n, h in sorted(health.items())])
+        return exposition(lines)

@@ -7,8 +7,11 @@ as chunked transfer encoding, one chunk per piece read, flushed at once, so toke
 the client as soon as the backend writes them.
 
 A backend that refuses the connection cannot have seen the request, so the next healthy
-backend for the model is tried; once the request has been sent it is never re-sent (a
-generation is not idempotent) and a failure answers 502.
+backend for the model is tried; when none is left the router answers 503 with Retry-After.
+Once the request has been sent it is never re-sent (a generation is not idempotent): a
+backend that closes the connection before answering is 503 with Retry-After too (nothing
+reached the client; the client decides), and one that breaks off mid-answer ends the
+client's stream with an error event.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ from http.server import BaseHTTPRequestHandler
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from ..httpkit import OpenAIError
-from .service import RouterService
-from .table import Route
+from orchestrator.httpkit import OpenAIError, as_anthropic
+from orchestrator.router.service import RouterService
+from orchestrator.router.table import Route
 
 CONNECT_TIMEOUT = 3.0  # a LAN backend that has not accepted in 3 s is down: fail over
 READ_TIMEOUT = 600.0  # between two bytes of an answer; generation can be slow but not silent for this long
@@ -120,38 +123,64 @@ def relay(handler: BaseHTTPRequestHandler, resp: http.client.HTTPResponse) -> No
         out.flush()
 
 
+def is_anthropic(path: str) -> bool:
+    """Whether a path is Anthropic's Messages API (its clients read errors in Anthropic's shape)."""
+    return path.split("?")[0].rstrip("/") in ("/v1/messages", "/v1/messages/count_tokens")
+
+
+def client_error(path: str, err: OpenAIError) -> OpenAIError:
+    """`err` in the shape the client of `path` reads."""
+    return as_anthropic(err) if is_anthropic(path) else err
+
+
+def _error_event(path: str, err: OpenAIError) -> bytes:
+    """A stream's last event, saying why it ends, as the path's client reads it: Anthropic's
+    `error` event; OpenAI's `{"error": ...}` (the openai client raises on it), for the Responses
+    API also named `error` with its documented fields (code, message, param)."""
+    if is_anthropic(path):
+        return b"event: error\ndata: " + json.dumps(as_anthropic(err).body()).encode() + b"\n\n"
+    if path.startswith("/v1/responses"):
+        body = {"type": "error", "code": err.code, "message": err.message, "param": None, **err.body()}
+        return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+    return b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+
+
 def _broken_off(handler: BaseHTTPRequestHandler, exc: Exception, sse: bool) -> NoReturn:
     """The backend broke off mid-answer: end what the client has, then raise BackendFailed.
 
-    A stream gets an OpenAI error event (the openai client raises on it instead of waiting);
-    anything else can only be cut short, with the connection closed.
+    A stream gets an error event in its API's shape (the clients raise on it instead of
+    waiting); anything else can only be cut short, with the connection closed.
     """
     handler.close_connection = True
     reason = f"{type(exc).__name__}: {exc}"
     if sse:
-        event = json.dumps(OpenAIError(502, f"the backend broke off the stream: {reason}", "server_error").body())
-        data = b"data: " + event.encode() + b"\n\n"
+        data = _error_event(handler.path, OpenAIError(502, f"the backend broke off the stream: {reason}",
+                                                      "server_error", code="bad_gateway"))
         handler.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
         handler.wfile.flush()
     raise BackendFailed(reason)
 
 
 def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, body: bytes,
-            model: str) -> tuple[str, int]:
+            model: str, key: str | None = None) -> tuple[str, int]:
     """Send a request for `model` to a healthy backend and relay the answer.
 
-    Returns (backend name, status). Raises OpenAIError for 404 / 503 / 502 answered by the
-    router itself (before anything was written), and BackendFailed after a partial answer.
+    `key`: the request's affinity key (prefix-aware routing), or None.
+
+    Returns (backend name, status). Raises OpenAIError for 404 / 503 answered by the router
+    itself (before anything was written), and BackendFailed after a partial answer.
     """
     tried: set[str] = set()
     failures: list[str] = []
     while True:
-        route = service.pick(model, frozenset(tried))
+        route = service.pick(model, frozenset(tried), key)
         if route is None:
             if not tried:
                 raise service.no_route_error(model)
-            raise OpenAIError(502, f"Could not connect to any backend serving '{model}': {'; '.join(failures)}",
-                              "server_error", code="bad_gateway")
+            # None of them can have seen the request: "come back soon" (a coordinator being
+            # replaced is back within seconds), never a 5xx that reads as a broken gateway.
+            raise OpenAIError(503, f"Could not connect to any backend serving '{model}': {'; '.join(failures)}",
+                              "service_unavailable", code="backend_unavailable")
         headers = upstream_headers(handler.headers, route, handler.client_address[0], len(body))
         try:
             conn, resp = open_upstream(route, handler.command, path, headers, body)
@@ -161,9 +190,12 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
             service.report_connect_failure(route, str(exc))
             continue
         except BackendFailed as exc:
+            # Nothing reached the client yet: the backend closed or reset the connection before
+            # answering (a coordinator killed or restarting). 503 with Retry-After, not 502.
             service.log.warning("proxy.backend_failed", backend=route.name, reason=exc)
-            raise OpenAIError(502, f"Backend '{route.name}' failed: {exc}", "server_error",
-                              code="bad_gateway") from None
+            service.report_connect_failure(route, str(exc))
+            raise OpenAIError(503, f"Backend '{route.name}' closed the connection before answering ({exc}); "
+                                   "retry shortly", "service_unavailable", code="backend_unavailable") from None
         if resp.status == 503:  # relayed unchanged (Retry-After included), and no more traffic until ready
             service.report_unavailable(route, resp.status)
         try:

@@ -13,8 +13,8 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from ..logs import EventLogger
-from .config import ConfigError, RouterConfig, load_config
+from orchestrator.logs import EventLogger
+from orchestrator.router.config import ConfigError, RouterConfig, load_config
 
 Signature = tuple[int, int, int]
 
@@ -82,5 +82,5 @@ class ConfigWatcher:
         while not self._stop.wait(self.interval):
             try:
                 self.poll_once()
-            except Exception:  # a bug in a callback must not end hot reload for good
+            except Exception:  # noqa: BLE001 (a bug in a callback must not end hot reload for good)
                 self._log.error("config.reload_failed", exc_info=True, path=self.path)

@@ -11,20 +11,31 @@ Routes: `GET /health`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /metrics`, 
 
 from __future__ import annotations
 
-from ..httpkit import App, Limits, OpenAIError, Raw, Request, Server, parse_json, route
-from .proxy import BackendFailed, forward
-from .service import RouterService
+from typing import Any
+
+from orchestrator.httpkit import App, Limits, OpenAIError, Raw, Request, Server, parse_json, route
+from orchestrator.router.affinity import affinity_key
+from orchestrator.router.proxy import BackendFailed, client_error, forward
+from orchestrator.router.service import RouterService
 
 MAX_BODY = 32 * 1024 * 1024
 
 
-def _model_of(body: bytes) -> str:
-    """The "model" of a JSON request body (the backend validates everything else)."""
-    doc = parse_json(body)
+def _model_of(doc: Any) -> str:
+    """The "model" of a parsed JSON request body (the backend validates everything else)."""
     model = doc.get("model") if isinstance(doc, dict) else None
     if not isinstance(model, str) or not model:
         raise OpenAIError(400, "the request needs a \"model\" (see GET /v1/models)", param="model")
     return model
+
+
+def _key_of(service: RouterService, request: Request, doc: Any, model: str) -> str | None:
+    """The request's affinity key when prefix-aware routing is on (else None)."""
+    settings = service.config.prefix_affinity
+    if not settings.enabled:
+        return None
+    return affinity_key(request.path, doc, model, request.handler.headers.get(settings.header),
+                        settings.prefix_chars)
 
 
 def build_app(service: RouterService) -> App:
@@ -37,10 +48,14 @@ def build_app(service: RouterService) -> App:
         return entry
 
     def proxy(request: Request) -> None:
-        body = request.body_bytes()
-        name = _model_of(body)
         try:
-            backend, status = forward(service, request.handler, request.handler.path, body, name)
+            body = request.body_bytes()
+            doc = parse_json(body)
+            name = _model_of(doc)
+            backend, status = forward(service, request.handler, request.handler.path, body, name,
+                                      _key_of(service, request, doc, name))
+        except OpenAIError as exc:  # the router's own answer, in the shape the path's client reads
+            raise client_error(request.path, exc) from None
         except BackendFailed as exc:
             # Part of the answer was written already; the connection is closed after it.
             service.log.warning("proxy.broken_off", model=name, reason=exc)

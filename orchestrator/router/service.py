@@ -12,12 +12,13 @@ import threading
 import time
 from pathlib import Path
 
-from ..logs import EventLogger
-from .config import RouterConfig
-from ..httpkit import OpenAIError
-from .health import HealthChecker
-from .metrics import RouterMetrics
-from .table import Balancer, Route, RoutingTable, backend_models, build_table
+from orchestrator.httpkit import OpenAIError
+from orchestrator.logs import EventLogger
+from orchestrator.router.affinity import AffinityTable
+from orchestrator.router.config import RouterConfig
+from orchestrator.router.health import HealthChecker
+from orchestrator.router.metrics import RouterMetrics
+from orchestrator.router.table import Balancer, Route, RoutingTable, backend_models, build_table
 
 
 class RouterService:
@@ -29,6 +30,7 @@ class RouterService:
         self.config_path = config_path
         self.metrics = RouterMetrics()
         self.balancer = Balancer()
+        self.affinity = AffinityTable(config.prefix_affinity.max_entries)
         self.checker = checker or HealthChecker(log)
         self._lock = threading.Lock()
         self._config = config
@@ -58,6 +60,7 @@ class RouterService:
             self._loaded_at = time.time()
             self._config_error = None
         self.checker.configure(config.backends, config.health_checks)
+        self.affinity.resize(config.prefix_affinity.max_entries)
         self.metrics.count_reload(True)
         new_names, old_names = {b.name for b in config.backends}, {b.name for b in old.backends}
         self.log.info("config.reloaded", backends=len(config.backends),
@@ -75,9 +78,26 @@ class RouterService:
         """The routing table right now."""
         return build_table(self.config.backends, self.checker.snapshot())
 
-    def pick(self, model: str, exclude: frozenset[str] = frozenset()) -> Route | None:
-        """The next healthy backend for `model`, or None."""
-        return self.balancer.pick(model, self.table().candidates(model), exclude)
+    def pick(self, model: str, exclude: frozenset[str] = frozenset(), key: str | None = None) -> Route | None:
+        """The backend for a request for `model`, or None when no healthy one is left.
+
+        With an affinity key (prefix-aware routing on), the backend the key was last sent
+        to while it is routable and not in `exclude`; otherwise the next one in weighted
+        round-robin, remembered for the key (a conversation whose backend left the
+        rotation stays with the one that now holds its prefix).
+        """
+        routes = self.table().candidates(model)
+        sticky = self.affinity.get(key) if key is not None else None
+        if key is not None:
+            route = next((r for r in routes if r.name == sticky and r.name not in exclude), None)
+            if route is not None:
+                self.metrics.count_affinity("hit")
+                return route
+        route = self.balancer.pick(model, routes, exclude)
+        if key is not None and route is not None:
+            self.affinity.put(key, route.name)
+            self.metrics.count_affinity("new" if sticky is None else "moved")
+        return route
 
     def no_route_error(self, model: str) -> OpenAIError:
         """Why `model` cannot be routed: unknown (404) or no healthy backend (503)."""

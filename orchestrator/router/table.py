@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .config import BackendConfig
-from .health import BackendHealth
+from orchestrator.router.config import BackendConfig
+from orchestrator.router.health import BackendHealth
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from orchestrator.agent.client import AgentClient, AgentError  # noqa: E402
-from orchestrator.proc import free_port  # noqa: E402
+from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.proc import free_port
 
 
 def default_model() -> Path:
@@ -175,7 +175,8 @@ def main() -> None:
             if not times:
                 continue
             med = statistics.median(times)
-            print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {', '.join(f'{t:.2f}' for t in times)})")
+            runs = ", ".join(f"{t:.2f}" for t in times)
+            print(f"{name:>16}: median {med:.2f} s = {mb / med:6.0f} MB/s   (runs: {runs})")
         print(f"load average (1 min) during the agent copies: {min(load):.2f}-{max(load):.2f} "
               f"on {os.cpu_count()} cores")
         if breakdown:

@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture(scope="session")
 def transfer_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ~19 MB two-shard test model: big enough that a throttled copy can be interrupted."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("transfer") / "model", layers=8, hidden=256, shards=2)
 

@@ -7,23 +7,16 @@ from pathlib import Path
 
 from orchestrator.agent import compute
 from orchestrator.logs import EventLogger
+from tests.support.engine_jobs import ModelsFolder
 
 PROFILE = {"batch": 8, "layer_ms_b1_solo": 1.0, "layer_ms_b1": 1.0, "layer_ms_bB": 2.0, "prefill_ms_per_token": 0.1,
            "step_ms_b1": 0.1, "coordinator_ms_bB": 0.3}
 
 
-class _Models:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def model_dir(self, model_id: str) -> Path:
-        return self.root / model_id
-
-
 def _profiler(tmp_path: Path) -> compute.ComputeProfiler:
     (tmp_path / "models" / "m").mkdir(parents=True)
     (tmp_path / "models" / "m" / "config.json").write_text("{}")
-    return compute.ComputeProfiler(_Models(tmp_path / "models"), tmp_path / "state", EventLogger("test"))
+    return compute.ComputeProfiler(ModelsFolder(tmp_path / "models"), tmp_path / "state", EventLogger("test"))
 
 
 def test_a_current_profile_is_served_with_its_step_paths(tmp_path):

@@ -6,10 +6,8 @@ import signal
 import time
 
 from orchestrator.agent.discovery import NodeBrowser
-
 from orchestrator.proc import wait_until
-
-from .conftest import copy_model
+from tests.agent.conftest import copy_model
 
 
 def test_browser_finds_both_agents_and_forgets_them_on_goodbye_and_on_ttl(spawn_agent, test_model_dir):

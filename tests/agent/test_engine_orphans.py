@@ -19,14 +19,12 @@ import requests
 
 from orchestrator.agent.probes import process_identity
 from orchestrator.proc import WaitTimeout, port_free, wait_until
-
-from .conftest import copy_model
-from .test_processes import MODEL, cluster_toml, stage_request
+from tests.agent.conftest import copy_model
+from tests.support.engine_jobs import MODEL, cluster_toml, stage_request
 
 LEASE_S = 60.0
-# The engine checks its parent every 0.25 s and exits gracefully; on a loaded 2-core machine
-# that is still seconds, not the lease's minute.
-GONE_WITHIN_S = 15.0
+# The engine checks its parent every 0.25 s and exits gracefully: seconds, not the lease's
+# minute, so waiting at most the lease proves the parent watch (not the lease) stopped it.
 
 
 def process_gone(pid: int) -> bool:
@@ -71,8 +69,8 @@ def test_engine_processes_stop_by_themselves_when_their_agent_is_killed(spawn_ag
         pass  # the assertions below say which one stayed
     print(f"after kill -9 of the agent (lease {LEASE_S:.0f} s): "
           + ", ".join(f"{n} gone and port free in {s:.2f} s" for n, s in gone.items()))
-    for name, (pid, port) in watched.items():
-        assert name in gone and gone[name] < GONE_WITHIN_S, (name, gone, a.output())
+    for name in watched:
+        assert name in gone, (name, gone, a.output())  # gone by itself, before its lease would have ended
 
     # A restarted agent finds the records and says what happened.
     a.restart()
@@ -122,6 +120,7 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(mode):
             time.sleep(1.5)  # an absence needs a window: three times the grace period a watch would use
             assert not process_gone(child_pid)  # started by hand: nobody asked for a watch
     finally:
+        parent.stdout.close()
         try:
             os.kill(child_pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -13,16 +13,15 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.client import AgentError
-from tests.support.hub import HubStandIn, Repo, repo_from_dir
 from orchestrator.proc import wait_until
-
-from .test_transfer import sha256sums
+from tests.support.files import sha256sums
+from tests.support.hub import HubStandIn, Repo, repo_from_dir
 
 
 @pytest.fixture(scope="module")
 def one_file_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~19 MB in ONE safetensors file: room to interrupt a file in its middle."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("hub") / "model", layers=8, hidden=256)
 
@@ -57,7 +56,8 @@ def hub_env(hub: HubStandIn, tmp_path: Path) -> dict[str, str]:
 def test_listing_before_anything_is_fetched(node, hub, test_model_dir):
     b = node()
     listing = b.client.hub_files("org/tiny")
-    want = {p.relative_to(test_model_dir).as_posix(): p.stat().st_size for p in test_model_dir.rglob("*") if p.is_file()}
+    want = {p.relative_to(test_model_dir).as_posix(): p.stat().st_size
+            for p in test_model_dir.rglob("*") if p.is_file()}
     assert {f.path: f.size for f in listing.files} == want
     assert listing.total_bytes == sum(want.values()) and listing.commit == hub.repos["org/tiny"].commit
     assert listing.mlx and listing.unsupported_reason is None and listing.model_type == "llama" and listing.fits
@@ -147,3 +147,46 @@ def test_a_manifest_from_the_control_plane_is_checked_too(node, hub):
     b.client.fetch("tiny3", {"kind": "hf", "repo_id": "org/tiny"}, wrong)
     failed = b.client.wait_download("tiny3", timeout=60)
     assert failed.state == "failed" and failed.error_code == "mismatch" and "config.json" in failed.mismatched
+
+
+def test_a_hub_that_sends_more_than_it_listed_writes_no_more_and_leaves_nothing(node, hub):
+    """Issue 20, item 5: a hub whose listing said 1,000 bytes streamed 200 MiB per file, all of
+    it written and kept on disk as `hub_unreachable`. Now every byte written is capped by the
+    listed size (what the job was admitted with) and the failed partial files are removed."""
+    b = node()
+    hub.listed_size[("org/big", "model.safetensors")] = 1000
+    b.client.fetch("liar", {"kind": "hf", "repo_id": "org/big"})
+    failed = b.client.wait_download("liar", timeout=90)
+    assert failed.state == "failed" and failed.error_code == "oversized", failed
+    assert "model.safetensors" in failed.error and "1000 bytes" in failed.error
+    leftovers = [p for p in b.models_dir.rglob("*") if p.is_file() and "liar" in p.as_posix()]
+    assert leftovers == [], leftovers
+
+
+def test_the_listing_preview_never_downloads_a_huge_config(node, hub, test_model_dir):
+    """Issue 20, item 5: the preview downloaded a 198 MiB config.json into the system temp
+    directory. A config.json listed (or sent) over 1 MiB is refused without being kept."""
+    b = node()
+    files = dict(hub.repos["org/tiny"].files)
+    files["config.json"] = files["config.json"].rstrip()[:-1] + b', "pad": "' + b"x" * (2 << 20) + b'"}'
+    hub.repos["org/hugeconfig"] = Repo(files=files, commit="2" * 40)
+    listing = b.client.hub_files("org/hugeconfig")
+    assert not listing.mlx and "too large" in listing.reason, listing
+    hub.listed_size[("org/hugeconfig", "config.json")] = 500  # and when the listing lies about it
+    listing = b.client.hub_files("org/hugeconfig")
+    assert not listing.mlx and "too large" in listing.reason, listing
+
+
+def test_a_hub_file_named_like_the_agents_partial_file_cannot_take_its_place(node, hub, test_model_dir):
+    """Issue 20, item 8: a hub file `x.part` collided with the agent's own partial file of `x`;
+    the job reported done with the file missing. Such a name is skipped from the listing (the
+    agent's partial files own it): the model arrives whole, the stray file is never fetched."""
+    repo = repo_from_dir(test_model_dir, "parts")
+    repo.files["model.safetensors.part"] = b"not the agent's partial file"
+    hub.repos["org/parts"] = repo
+    b = node()
+    b.client.fetch("parts", {"kind": "hf", "repo_id": "org/parts"})
+    done = b.client.wait_download("parts", timeout=60)
+    assert done.state == "done", done
+    assert sha256sums(b.models_dir / "parts") == sha256sums(test_model_dir)  # every file, none missing
+    assert not any("model.safetensors.part" in p for m, p, _ in hub.requests if m == "GET" and "/resolve/" in p)

@@ -41,7 +41,8 @@ def hashes(monkeypatch) -> list[Path]:
 def test_describe_a_test_model(models, test_model_dir):
     info = models.describe("tm")
     assert info.mlx_format and info.reason is None
-    assert (info.model_type, info.family, info.supported, info.unsupported_reason) == ("llama", "LlamaForCausalLM", True, None)
+    got = (info.model_type, info.family, info.supported, info.unsupported_reason)
+    assert got == ("llama", "LlamaForCausalLM", True, None)
     assert (info.num_layers, info.hidden_size, info.dtype, info.quantization) == (4, 64, "float32", None)
     files = [p for p in test_model_dir.rglob("*") if p.is_file()]
     assert info.file_count == len(files) and info.total_bytes == sum(p.stat().st_size for p in files)
@@ -147,7 +148,7 @@ def test_paths_never_leave_the_models_directory(models, tmp_path):
 def test_the_agent_report_marks_models_the_engine_cannot_serve(spawn_agent, tmp_path):
     """A real agent, models built with mlx-lm's own classes: the report carries the support
     registry's verdict (and the planner's description only for what can be planned)."""
-    from orchestrator.models.families import build_family_model
+    from orchestrator.testmodels.families import build_family_model
 
     agent = spawn_agent("a", wait=False)
     models_dir = agent.models_dir

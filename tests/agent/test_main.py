@@ -15,7 +15,8 @@ def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
 def test_the_agent_imports_neither_flask_nor_the_control_plane_nor_mlx():
     code = ("import sys, orchestrator.agent.main, orchestrator.agent.agent, orchestrator.agent.client, "
             "orchestrator.agent.discovery\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('flask', 'webapp', 'mlx', 'mlx_lm', 'werkzeug'))\n"
+            "bad = sorted(m for m in sys.modules\n"
+            "             if m.split('.')[0] in ('flask', 'webapp', 'mlx', 'mlx_lm', 'werkzeug'))\n"
             "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -42,7 +42,8 @@ def test_bad_ids(bad):
         check_id(bad)
 
 
-@pytest.mark.parametrize("bad", ["", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a\\b", "a/", "x\x00",
+@pytest.mark.parametrize("bad", ["x.part", "sub/model.safetensors.part",  # the agent's partial files (issue 20)
+                                 "", "/etc/passwd", "../x", "a/../b", "a//b", "a/./b", "a\\b", "a/", "x\x00",
                                  "a/b/c/d/e", "é.json"])
 def test_bad_relpaths(bad):
     with pytest.raises(InvalidName):

@@ -11,23 +11,9 @@ import requests
 
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
-from orchestrator.engine.local import write_config
-
 from orchestrator.proc import wait_until
-
-from .conftest import copy_model
-
-MODEL = "tm"
-
-
-def cluster_toml(tmp_path: Path, splits: list[tuple[int, int]], ports: list[int]) -> str:
-    """The engine's own config writer: coordinator on ports[0], stages after."""
-    return write_config(tmp_path / f"c{secrets.token_hex(3)}.toml", "agents", splits, ports).read_text()
-
-
-def stage_request(config: str, node_id: str, secret: str, lease_s: float = 60, cluster_id: str = "c1") -> dict:
-    return {"kind": "stage", "cluster_id": cluster_id, "node_id": node_id, "model_id": MODEL, "config": config,
-            "secret": secret, "lease_s": lease_s, "threads": 1}
+from tests.agent.conftest import copy_model
+from tests.support.engine_jobs import MODEL, cluster_toml, stage_request
 
 
 def test_stage_and_coordinator_through_two_agents_serve_a_chat(spawn_agent, test_model_dir, tmp_path):
@@ -43,7 +29,8 @@ def test_stage_and_coordinator_through_two_agents_serve_a_chat(spawn_agent, test
     assert s0.created and s1.created and s0.pid != s1.pid
     for agent in (a, b):
         nid = "stage-0" if agent is a else "stage-1"
-        wait_until(lambda: agent.client.process("c1", nid).port_listening or not agent.client.process("c1", nid).alive,
+        wait_until(lambda agent=agent, nid=nid: (agent.client.process("c1", nid).port_listening
+                                                 or not agent.client.process("c1", nid).alive),
                  60, message=f"{nid} listening")
         assert agent.client.process("c1", nid).alive, agent.client.logs("c1", nid)
     coord = b.client.start_process({"kind": "coordinator", "cluster_id": "c1", "node_id": "coordinator",

@@ -11,8 +11,7 @@ import pytest
 
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.server import build_routes
-
-from .conftest import copy_model
+from tests.agent.conftest import copy_model
 
 MODEL = "tm"
 
@@ -27,6 +26,7 @@ PROTECTED = [
     ("GET", "/v1/processes/c1/stage-0/logs"), ("POST", "/v1/leases/c1"),
     ("DELETE", "/v1/models/tm"), ("GET", "/v1/hub/models/org/tiny"),
     ("POST", "/v1/links/tickets"), ("GET", "/v1/links/echo"), ("POST", "/v1/links/echo"),
+    ("POST", "/v1/links/echo-port"),
     ("POST", "/v1/links/measure"), ("GET", "/v1/links"), ("GET", "/v1/models/tm/profile"),
     ("POST", "/v1/models/tm/profile"),
 ]
@@ -206,6 +206,10 @@ def test_range_requests(agent, test_model_dir):
     status, _ = raw(agent, "GET", "/v1/models/tm/files/tokenizer.json", token=cred,
                     headers={"Range": f"bytes={len(data)}-"})
     assert status == 416
+    # 5,000 digits once passed the pattern and int() refused them: 500 with a traceback (issue 20)
+    status, err = raw(agent, "GET", "/v1/models/tm/files/tokenizer.json", token=cred,
+                      headers={"Range": "bytes=" + "9" * 5000 + "-"})
+    assert status == 416 and len(err["error"]["message"]) < 200
 
 
 def test_limits_and_malformed_requests(agent):
@@ -236,3 +240,18 @@ def test_deeply_nested_json_on_the_open_pair_route_is_a_400_without_a_traceback(
     assert status == 400, err
     assert "Traceback" not in agent.output(400) and "internal_error" not in agent.output(400)
     assert raw(agent, "GET", "/v1/identity")[0] == 200
+
+
+def test_a_pairing_flood_never_evicts_the_control_planes_credential(spawn_agent):
+    """Issue 20, item 6, on a real agent: 32 pairings in 0.65 s dropped the oldest credential —
+    the dashboard's, which then got 401. Credentials in use are kept; unused ones make room."""
+    import requests as http
+
+    from orchestrator.agent.identity import MAX_CREDENTIALS
+
+    agent = spawn_agent("a")
+    agent.client.processes()  # the control plane's credential, in use
+    for _ in range(MAX_CREDENTIALS + 8):
+        r = http.post(agent.url + "/v1/pair", json={"token": agent.token, "label": "flood"}, timeout=10)
+        assert r.status_code == 200, r.text
+    assert agent.client.processes() == []  # still paired

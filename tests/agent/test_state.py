@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.agent.state import MAX_CREDENTIALS, AgentState
+from orchestrator.agent.identity import MAX_CREDENTIALS, AgentState
 from orchestrator.proc import FakeClock
 
 

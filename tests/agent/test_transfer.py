@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 from pathlib import Path
@@ -11,21 +10,14 @@ import pytest
 
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
-
 from orchestrator.proc import wait_until
-
-from .conftest import copy_model
+from tests.agent.conftest import copy_model
+from tests.support.files import sha256sums
 
 MODEL = "tm"
 # Upload limit of the serving agent in tests that act in the middle of a copy: at 4 MB/s the
 # ~19 MB model takes ~4.8 s, which leaves a loaded 2-core machine seconds, not tenths, to act.
 SLOW = "4M"
-
-
-def sha256sums(model_dir: Path) -> dict[str, str]:
-    """Independent of the agent's code: hashlib over the files on disk."""
-    return {p.relative_to(model_dir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(model_dir.rglob("*")) if p.is_file()}
 
 
 def flip_byte(path: Path, offset: int) -> None:

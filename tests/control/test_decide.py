@@ -5,72 +5,52 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
 from orchestrator.control import events as ev
-from orchestrator.control.commands import (AddNode, CommandRefused, LaunchCluster, LaunchSession, LaunchSingle,
-                                           PrepareModel, PreviewPlan, RemoveNode, ResumeSession, StopSession,
-                                           UpdateSettings)
-from orchestrator.control.decide import (CancelWork, Decision, MeasureAfterPreview, Readopt, RunPreparation,
-                                         StartLaunch, StartRecovery, StartTeardown, decide, react)
-from orchestrator.control.state import (Fault, Node, NodePreparation, Preparation, Session, Settings, StagePlacement,
-                                        State)
+from orchestrator.control.commands import (
+    AddNode,
+    CommandRefused,
+    LaunchCluster,
+    LaunchSession,
+    LaunchSingle,
+    PrepareModel,
+    PreviewPlan,
+    RemoveNode,
+    ResumeSession,
+    StopSession,
+    UpdateSettings,
+)
+from orchestrator.control.decide import (
+    CancelWork,
+    MeasureAfterPreview,
+    Readopt,
+    RunPreparation,
+    StartLaunch,
+    StartRecovery,
+    StartTeardown,
+    decide,
+    react,
+)
+from orchestrator.control.state import (
+    Settings,
+    State,
+)
 from orchestrator.control.transitions import apply
 from orchestrator.planner import Plan, Refusal
-from tests.planner.support import llama
-
-GIB = 1 << 30
-MODEL = "smol"
-
-
-def report(name: str, free: int) -> Report:
-    """A node's report holding MODEL (SmolLM2-135M's geometry) with `free` bytes of memory."""
-    return Report(name=name, fingerprint=f"fp-{name}", version="0.1.0",
-                  accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={"mlx": "0.32.4"},
-                  platform={"system": "Linux"},
-                  memory=Memory(total_bytes=free, available_bytes=free, budget_bytes=free, processes_rss_bytes=0,
-                                free_bytes=free),
-                  disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(range(39600, 39630))),
-                  models=[ModelInfo(id=MODEL, mlx_format=True, supported=True, num_layers=30, total_bytes=540 << 20,
-                                    description=llama())],
-                  processes=[], downloads=[])
-
-
-def node(i: int, free: int = 8 * GIB) -> Node:
-    return Node(id=f"n{i}", name=f"node-{'ab'[i]}", url=f"http://10.0.0.{i + 1}:39500", credential="c",
-                report=report(f"node-{'ab'[i]}", free))
-
-
-def session(sid: str = "s1", phase: str = "running", name: str = "smol-2stage", **kw) -> Session:
-    stages = tuple(StagePlacement(index=i, node_id=f"n{i}", node_name=f"node-{'ab'[i]}", first_layer=15 * i,
-                                  last_layer=15 * i + 14, host=f"10.0.0.{i + 1}", port=39601) for i in range(2))
-    return Session(id=sid, name=name, model_id=MODEL, model_name=MODEL, cluster=True, stages=stages,
-                   coordinator_node="n0", coordinator_host="10.0.0.1", coordinator_port=39610, phase=phase, **kw)
-
-
-def prepared(ready: bool = True) -> Preparation:
-    return Preparation(model_id=MODEL, finished=ready,
-                       nodes=tuple(NodePreparation(node_id=f"n{i}", status="present" if ready else "downloading")
-                                   for i in range(2)))
-
-
-BASE = State(settings=Settings(distributed_enabled=True), nodes=(node(0), node(1)))
-PREPARED = BASE.model_copy(update={"preparation": prepared()})
-SERVING = PREPARED.model_copy(update={"sessions": (session(),)})
-SHOWN = apply(BASE, decide(BASE, PreviewPlan(MODEL, ("n0", "n1"), measure=False)).events[0])
-FAULT = Fault(at=1.0, reason="stage-1 gone", processes=("stage-1",), attempts=1)
-
-
-def with_session(state: State, **kw) -> State:
-    return state.model_copy(update={"sessions": (session(**kw),)})
-
-
-def kinds(decision: Decision) -> list[str]:
-    return [e.kind for e in decision.events]
-
-
-def effect_types(decision: Decision) -> list[str]:
-    return [type(e).__name__ for e in decision.effects]
-
+from tests.support.control_states import (
+    BASE,
+    FAULT,
+    GIB,
+    MODEL,
+    PREPARED,
+    SERVING,
+    SHOWN,
+    effect_types,
+    kinds,
+    node,
+    prepared,
+    session,
+    with_session,
+)
 
 # --- refusals: nothing happens, the message says why ----------------------------------------
 REFUSED = [
@@ -198,6 +178,34 @@ def test_a_single_node_session_runs_every_layer_on_its_node():
     created = decide(BASE, LaunchSingle(MODEL, "n1", "s2", 5.0)).events[0].session
     assert not created.cluster and created.node_ids == ("n1",)
     assert (created.stages[0].first_layer, created.stages[0].last_layer) == (0, 29)
+
+
+def test_a_single_node_session_is_bounded_to_what_its_memory_check_counted():
+    import tomllib
+
+    created = decide(BASE, LaunchSingle(MODEL, "n1", "s2", 5.0, context_length=2048, concurrency=2)).events[0].session
+    table = tomllib.loads(created.config_toml)["cluster"]
+    assert (table["context_length"], table["max_requests"], table["pipeline_parallel_size"]) == (2048, 2, 1)
+
+
+@pytest.mark.parametrize("free, context, concurrency, refused", [
+    (8 * GIB, 4096, 4, False),
+    (GIB // 2, 4096, 4, True),  # SmolLM2's 0.5 GiB of weights plus its KV cache and overhead: too much
+    (GIB // 2, 256, 1, True),
+    (int(1.5 * GIB), 8192, 64, True),  # the KV cache of 64 x 8k tokens
+    (int(1.5 * GIB), 4096, 4, False),
+])
+def test_a_single_node_session_that_does_not_fit_is_refused_with_the_numbers(free, context, concurrency, refused):
+    st = BASE.model_copy(update={"nodes": (node(0, free), node(1))})
+    command = LaunchSingle(MODEL, "n0", "s2", 5.0, context_length=context, concurrency=concurrency)
+    if not refused:
+        assert decide(st, command).events[0].kind == "session_created"
+        return
+    with pytest.raises(CommandRefused) as refusal:
+        decide(st, command)
+    why = str(refusal.value)
+    assert why.startswith(f"model {MODEL} needs ") and "on node node-a" in why and "missing" in why, why
+    assert "KV cache" in why and f"for {concurrency} x {context} tokens" in why, why
 
 
 def test_a_stop_tears_down_what_ran_with_its_reason():

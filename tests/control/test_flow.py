@@ -8,9 +8,8 @@ import shutil
 import pytest
 
 from orchestrator.control.core import CommandRefused
-
-from .conftest import MODEL_ID, Env
-from .test_lifecycle import ask, healthy, wait_router_lists
+from tests.control.conftest import MODEL_ID, Env
+from tests.support.sessions import ask, healthy, wait_router_lists
 
 
 def drain(q) -> list:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from orchestrator.agent.schemas import ProcessInfo
+from orchestrator.control.coordinator_client import HealthLook, read_health
 from orchestrator.control.state import Session, StagePlacement
 from orchestrator.control.watcher import judge
+from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
 
 
 def _session() -> Session:
@@ -24,19 +26,56 @@ def _processes() -> dict:
             "coordinator": _alive("coordinator", 40010)}
 
 
-def _health(status: str, reason: str = "", state: str = "up") -> dict:
-    return {"status": status, "reason": reason, "stages": [{"id": "stage-0", "state": "up"},
-                                                          {"id": "stage-1", "state": state}]}
+def _health(status: str, reason: str = "", state: str = "up") -> HealthLook:
+    return HealthLook(report=HealthReport(status=status, ready=status == "ready", reason=reason, stages=(
+        StageReport(id="stage-0", address="127.0.0.1:40000", state="up"),
+        StageReport(id="stage-1", address="127.0.0.1:40001", state=state))), status=200)
 
 
 def test_a_coordinator_re_probing_by_itself_is_not_a_fault():
-    _, problem, culprits = judge(_session(), _processes(), _health("warming", "probing the pipeline"), "")
+    _, problem, culprits = judge(_session(), _processes(), _health("warming", "probing the pipeline"))
     assert problem == "" and culprits == ()
 
 
 def test_a_failed_probe_names_its_stage_and_a_lost_stage_is_its_own_culprit():
     _, problem, culprits = judge(_session(), _processes(),
-                                 _health("unhealthy", "probe generation failed: stage-1: cannot compute"), "")
+                                 _health("unhealthy", "probe generation failed: stage-1: cannot compute"))
     assert "unhealthy" in problem and culprits == ("stage-1",)
-    _, problem, culprits = judge(_session(), _processes(), _health("unhealthy", "stage-1 lost", state="down"), "")
+    _, problem, culprits = judge(_session(), _processes(), _health("unhealthy", "stage-1 lost", state="down"))
     assert culprits == ("stage-1",), (problem, culprits)
+
+
+def test_a_full_server_is_busy_never_a_verdict_and_never_a_fault():
+    """A 429 from a coordinator whose connections are full (its body is JSON too) once read as
+    "coordinator None: None", with no culprit: the whole cluster was torn down (issue 20)."""
+    refusal = (b'{"error": {"message": "this server is at its limit of 480 connections; retry in 1 s", '
+               b'"type": "rate_limit_error", "param": null, "code": "too_many_connections"}}')
+    look = read_health(429, refusal)
+    assert look.busy and look.report is None and look.answered
+    _, problem, culprits = judge(_session(), _processes(), look)
+    assert problem == "" and culprits == ()
+    # Any other JSON is no verdict either: silence, which the watcher confirms before acting.
+    for status, body in ((200, b'{"status": "ready"}'), (503, b'{"error": {"message": "x", "type": "y"}}'),
+                         (200, b'{"status": "ready", "ready": false}'), (502, b"<html>"), (200, b"[1, 2]")):
+        look = read_health(status, body)
+        assert look.report is None and not look.busy, (status, body)
+        _, problem, culprits = judge(_session(), _processes(), look)
+        assert "coordinator unreachable" in problem and culprits == ("coordinator",)
+    ok = read_health(200, HealthReport(status="ready", ready=True).model_dump_json().encode())
+    assert ok.report is not None and ok.report.status == "ready"
+
+
+def test_a_post_mortem_keeps_the_exit_status_the_stop_observed():
+    """A look taken just before the stop saw a `kill -9`ed stage still running (not yet reaped):
+    the post-mortem read "still running (faulted): killed" and dropped its SIGKILL (issue 20)."""
+    from orchestrator.control.recovery import settled
+    from orchestrator.control.state import PostMortem
+
+    before = PostMortem(process="stage-1", node_name="node-1", ended="still running (faulted): killed")
+    dead = _alive("stage-1", 40001).model_copy(update={"alive": False, "signal": "SIGKILL"})
+    assert settled(before, dead).ended == "killed by SIGKILL"  # it died by itself: the stop found it dead
+    stopped = dead.model_copy(update={"signal": "SIGTERM", "stop_reason": "requested"})
+    assert settled(before, stopped).ended == "still running (faulted): stopped (killed by SIGTERM)"
+    assert settled(before, None) == before  # the stop could not say: the look stands
+    exited = PostMortem(process="stage-1", node_name="node-1", ended="killed by SIGKILL")
+    assert settled(exited, stopped) == exited  # the look already saw the end

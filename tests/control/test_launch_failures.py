@@ -13,8 +13,7 @@ import pytest
 
 from orchestrator.control.launcher import Timeouts
 from orchestrator.registrar import ConfigFileRegistrar
-
-from .conftest import MODEL_ID, Env
+from tests.control.conftest import MODEL_ID, Env
 
 
 def failed(env: Env, orch, session_id: str, timeout: float = 90.0):

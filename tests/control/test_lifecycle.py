@@ -1,8 +1,8 @@
 """The session lifecycle with real agents, stage processes, coordinator and router.
 
 Ordered launch → Healthy → chat through the router → Stop; a dying stage is torn down and
-deregistered within 5 s when automatic restarts are off (measured, asserted with a margin for a
-loaded machine); a dashboard restart re-adopts, repairs or cleans up.
+deregistered when automatic restarts are off (the time it takes is printed: measured times belong
+to e2e/bench_recovery.py, not to an assertion); a dashboard restart re-adopts, repairs or cleans up.
 """
 
 from __future__ import annotations
@@ -10,32 +10,13 @@ from __future__ import annotations
 import signal
 import time
 
-import openai
 import pytest
 
-from .conftest import MODEL_ID, Env
+from orchestrator.proc import wait_until
+from tests.control.conftest import MODEL_ID, Env
+from tests.support.sessions import ask, healthy, lease_ends, wait_router_lists
 
-
-def healthy(env: Env, session_id: str, timeout: float = 90.0):
-    s = env.orch.wait(lambda st: (st.session(session_id) or s0).phase != "launching", timeout).session(session_id)
-    assert s.phase == "running" and s.health == "Healthy", (s.reason, [(x.key, x.state, x.detail) for x in s.timeline])
-    return s
-
-
-s0 = None
-
-
-def ask(env: Env, prompt: str = "hello") -> str:
-    client = openai.OpenAI(base_url=env.router.url + "/v1", api_key="unused", max_retries=0, timeout=30)
-    return client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": prompt}],
-                                          max_tokens=8, temperature=0).choices[0].message.content
-
-
-def wait_router_lists(env: Env, present: bool, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (MODEL_ID in env.router.models()) != present:
-        assert time.monotonic() < deadline, env.router.health()
-        time.sleep(0.1)
+DEREGISTERED_S = 30.0  # a bound for a hung teardown, not a target (the target is benchmarked)
 
 
 def test_launch_serves_through_the_router_then_stop_leaves_nothing(env: Env):
@@ -54,10 +35,10 @@ def test_launch_serves_through_the_router_then_stop_leaves_nothing(env: Env):
 
 
 @pytest.mark.parametrize("victim", ["stage-1", "coordinator"])
-def test_a_dead_process_marks_unhealthy_and_deregisters_within_5_seconds(env: Env, victim: str):
+def test_a_dead_process_marks_unhealthy_and_deregisters(env: Env, victim: str):
     """With automatic restarts off, a fault tears the session down as a whole (with them on,
-    see test_recovery). The 5 s target is measured and printed; the assertion allows a loaded
-    2-core machine three times that."""
+    see test_recovery): the router entry goes, then every process. The time from the kill to
+    the deregistration is printed, not asserted (a loaded machine is not a failure)."""
     env.orch.update_settings(env.orch.state.settings.model_copy(update={"auto_restart": False}))
     s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
     agent = env.agents[1] if victim == "stage-1" else env.agents[0]
@@ -67,13 +48,8 @@ def test_a_dead_process_marks_unhealthy_and_deregisters_within_5_seconds(env: En
     import os
 
     os.kill(pid, signal.SIGKILL)
-    deadline = killed + 30
-    deregistered = None
-    while time.monotonic() < deadline and deregistered is None:
-        if "tiny-cluster" not in env.backends():
-            deregistered = time.monotonic() - killed
-        time.sleep(0.02)
-    assert deregistered is not None and deregistered < 15.0, f"deregistered after {deregistered}"
+    wait_until(lambda: "tiny-cluster" not in env.backends(), DEREGISTERED_S, 0.02, message="the deregistration")
+    deregistered = time.monotonic() - killed
     st = env.orch.wait(lambda st: not st.sessions, 60)
     ended = st.history[-1]
     assert ended.health == "Unhealthy" and victim in ended.reason
@@ -93,7 +69,12 @@ def test_restart_re_adopts_a_healthy_session_without_registering_twice(env: Env)
     st = orch2.wait(lambda st: (st.session(s.id) is not None and st.session(s.id).reason.startswith("re-adopted")), 15)
     assert st.session(s.id).health == "Healthy"
     assert env.backends() == ["tiny-cluster"]
-    time.sleep(8)  # longer than the 6 s lease: the new watcher must be renewing it
+    first = lease_ends(env, s.id)
+    assert len(first) == 3, first
+    # The new watcher extends every lease (every third of the 6 s lease): seen on the agents'
+    # own lease clocks, with no need to sleep past a lease to know it would have lapsed.
+    wait_until(lambda: (now := lease_ends(env, s.id)).keys() == first.keys()
+               and all(now[k] > first[k] + 1.0 for k in first), 15, 0.2, message="every lease renewed")
     assert orch2.state.session(s.id).phase == "running" and len(env.engine_processes()) == 3
     assert isinstance(ask(env), str)
 

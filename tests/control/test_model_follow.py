@@ -35,7 +35,7 @@ FIRST, HELD = "model-00001-of-00003.safetensors", "model-00003-of-00003.safetens
 @pytest.fixture(scope="module")
 def sharded_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~19 MB in three shards (7.6, 7.1 and 4.7 MB) plus config and tokenizer files."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("shards") / "model", layers=8, hidden=256, shards=3)
 
@@ -152,7 +152,8 @@ def test_a_failed_hub_download_stops_every_copy_with_its_reason(fenv: FollowEnv)
     assert [n.status for n in dl.nodes] == ["failed"] * 3, dl.nodes
     assert all(n.detail == dl.error for n in dl.nodes[1:]), dl.nodes
     for x in fenv.agents:
-        wait_until(lambda: not (x.models_dir / ".partial" / "m").exists(), 10, message=f"{x.name} dropped its files")
+        wait_until(lambda x=x: not (x.models_dir / ".partial" / "m").exists(), 10,
+                   message=f"{x.name} dropped its files")
         assert not (x.models_dir / "m").exists()
 
 
@@ -168,7 +169,8 @@ def test_cancel_stops_the_hub_download_and_every_copy(fenv: FollowEnv):
     dl = download_of(state, "m")
     assert dl.phase == "cancelled" and [n.status for n in dl.nodes] == ["cancelled"] * 3, dl
     for x in fenv.agents:
-        wait_until(lambda: not (x.models_dir / ".partial" / "m").exists(), 10, message=f"{x.name} dropped its files")
+        wait_until(lambda x=x: not (x.models_dir / ".partial" / "m").exists(), 10,
+                   message=f"{x.name} dropped its files")
         assert not (x.models_dir / "m").exists()
 
 
@@ -177,7 +179,7 @@ def test_measure_how_much_sooner_the_last_node_is_done(spawn_agent, tmp_path: Pa
                                                        tmp_path_factory: pytest.TempPathFactory):
     """Hub at 8 MB/s, the hub node's uploads at 24 MB/s (its LAN link, shared by the copies): the last
     node's time with copies after the whole hub download, then with copies following it. Printed."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     model = make_test_model(tmp_path_factory.mktemp("bench") / "model", layers=8, hidden=384, shards=4)
     hub = HubStandIn({REPO: repo_from_dir(model)}).start()

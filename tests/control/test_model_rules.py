@@ -11,14 +11,21 @@ from orchestrator.agent.client import AgentError
 from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control import events as ev
-from orchestrator.control.commands import (CancelDownload, CommandRefused, DeleteModel, DownloadModel,
-                                           LaunchSingle, PrepareModel, ResumeDownload)
+from orchestrator.control.commands import (
+    CancelDownload,
+    CommandRefused,
+    DeleteModel,
+    DownloadModel,
+    LaunchSingle,
+    PrepareModel,
+    ResumeDownload,
+)
 from orchestrator.control.decide import decide
 from orchestrator.control.download_events import ModelDeletionFinished, ModelDownloadFinished
 from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
 from orchestrator.control.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
 from orchestrator.control.transitions import apply
-from tests.control.test_decide import BASE, MODEL, SERVING, effect_types, kinds, session
+from tests.support.control_states import BASE, MODEL, SERVING, effect_types, kinds, session
 
 MB = 10**6
 
@@ -56,7 +63,8 @@ def disk(state, node_id: str, free: int):
 
 def holding(state, node_id: str, model_id: str):
     return state.model_copy(update={"nodes": tuple(
-        n.model_copy(update={"report": n.report.model_copy(update={"models": [ModelInfo(id=model_id, mlx_format=True)]})})
+        n.model_copy(update={"report": n.report.model_copy(
+            update={"models": [ModelInfo(id=model_id, mlx_format=True)]})})
         if n.id == node_id else n for n in state.nodes)})
 
 

@@ -40,7 +40,7 @@ class HubEnv:
 @pytest.fixture(scope="module")
 def transfer_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """~19 MB: a download slow enough to interrupt at the stand-in's throttled rate."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("hubmodel") / "model", layers=8, hidden=256, shards=2)
 
@@ -117,6 +117,7 @@ def test_refusals_come_before_anything_is_fetched(henv: HubEnv):
                         ("org/absent", "no repository org/absent"), ("not a repo", "expected org/name")):
         with pytest.raises(CommandRefused, match=words):
             henv.orch.models.download(repo, "", [n])
+    henv.orch.watcher.report_every = 1e9  # no fresh report may replace the small disk set below
     node = henv.orch.state.node(n)  # a node whose disk is (reported) too small
     small = node.model_copy(update={"report": node.report.model_copy(update={"disk_free_bytes": 1000})})
     henv.orch._state = henv.orch.state.model_copy(update={"nodes": (small,) + henv.orch.state.nodes[1:]})

@@ -13,14 +13,8 @@ import time
 import pytest
 
 from orchestrator.control.state import Settings
-
-from .conftest import MODEL_ID, Env
-from .test_lifecycle import ask, healthy, wait_router_lists
-
-
-def pids(env: Env, session_id: str) -> dict[str, int]:
-    """Process id of each live engine process of the session, by its name."""
-    return {p.node_id: p.pid for a in env.agents for p in a.client.processes() if p.cluster_id == session_id and p.alive}
+from tests.control.conftest import MODEL_ID, Env
+from tests.support.sessions import ask, healthy, pids, wait_router_lists
 
 
 def recovered(env: Env, session_id: str, timeout: float = 120.0):
@@ -143,3 +137,27 @@ def test_with_automatic_restarts_off_a_fault_tears_the_session_down(env: Env):
     ended = st.history[-1]
     assert "automatic restarts are off" in ended.reason and ended.faults[-1].outcome == "stopped"
     assert env.engine_processes() == [] and env.backends() == []
+
+
+def test_a_replayed_move_to_a_dead_address_is_undone_by_the_recovery(env: Env):
+    """Issue 20, item 3: a signed stage-address move to a dead address (here sent as an
+    attacker replaying a captured move would) made the coordinator dial it; recovery restarted
+    the stage in place but never re-sent its address, and the cluster stayed down 6 minutes.
+    A recovery now always tells the coordinator where the stage is."""
+    import requests
+
+    from orchestrator.engine.stage_address import ROUTE_PATH, SIGNATURE_HEADER, request_body, sign
+
+    s = healthy(env, env.orch.launch(env.session(), MODEL_ID).id)
+    wait_router_lists(env, True)
+    answer = ask(env)
+    secret = env.orch.secrets.get(s.id)
+    assert secret
+    body = request_body(1, "127.0.0.1:9", time.time())
+    r = requests.post(s.url + ROUTE_PATH, data=body, timeout=10,
+                      headers={SIGNATURE_HEADER: sign(secret.encode(), body)})
+    assert r.status_code == 200  # it is signed and fresh: the coordinator takes it
+    s = recovered(env, s.id)
+    assert s.faults[-1].outcome == "recovered" and "stage-1" in s.faults[-1].processes, s.faults[-1]
+    wait_router_lists(env, True, timeout=30)
+    assert ask(env) == answer

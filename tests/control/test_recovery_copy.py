@@ -19,10 +19,9 @@ import pytest
 
 from orchestrator.control.state import Session
 from orchestrator.proc import wait_until
-
-from .conftest import MODEL_ID, Env
-from .test_lifecycle import ask, healthy, wait_router_lists
-from .test_recovery_move import ended, pids, three_agents, vanish
+from tests.control.conftest import MODEL_ID, Env
+from tests.support.recovery_rig import ended, pids, three_agents, vanish
+from tests.support.sessions import ask, healthy, wait_router_lists
 
 # node-a serves node-c's copy slowly in the stop test: the copy of the small test model
 # (a few MB) then takes well over a minute, long enough to stop the session during it.

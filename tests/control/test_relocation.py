@@ -8,10 +8,10 @@ import pytest
 
 from orchestrator.agent.schemas import Accelerator, FileEntry, Manifest, Memory, ModelInfo, Ports, Report
 from orchestrator.control import events as ev
-from orchestrator.control.launcher import cluster_toml
-from orchestrator.control.recovery import recovery_steps, stage_moved
 from orchestrator.control.relocation import Move, choose_node, moved_toml, stage_bytes
+from orchestrator.control.session_toml import cluster_toml
 from orchestrator.control.state import Fault, Node, Session, Settings, StagePlacement
+from orchestrator.control.timelines import recovery_steps, stage_moved
 from tests.planner.support import uniform
 
 MB = 1 << 20
@@ -152,7 +152,7 @@ def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
 
 
 def test_a_copy_before_the_move_is_a_step_of_the_attempt_with_its_progress() -> None:
-    from orchestrator.control.stage_copy import copy_started, progress_detail
+    from orchestrator.control.timelines import copy_started, progress_detail
 
     s = session()
     s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 2,

@@ -3,12 +3,11 @@ fallback say which backend runs and why a requested one does not (pure)."""
 
 from __future__ import annotations
 
-from orchestrator.control.launcher import timeline
 from orchestrator.control.planning import session_from_plan
 from orchestrator.control.state import State
+from orchestrator.control.timelines import timeline
 from orchestrator.planner import Plan, PlanSettings, plan_cluster
-from tests.planner.support import llama
-from tests.planner.test_transport import bridge, lan_node, rdma_nic
+from tests.planner.support import bridge, lan_node, llama, rdma_nic
 from webapp.views.plan import transport_view
 
 

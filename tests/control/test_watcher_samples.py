@@ -3,17 +3,18 @@ tokens/s from the coordinator's /metrics; fakes stand in for the agent and the c
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from orchestrator.agent.schemas import ProcessInfo
+from orchestrator.control import coordinator_client as client_module
 from orchestrator.control import events as ev
-from orchestrator.control import watcher as watcher_module
 from orchestrator.control.state import Node, State
 from orchestrator.control.transitions import apply
 from orchestrator.control.watcher import Watcher
 from orchestrator.proc import FakeClock
-
-from .test_sampling import session
+from tests.support.sessions import running_session as session
 
 
 class FakeResponse:
@@ -22,6 +23,10 @@ class FakeResponse:
 
     def json(self) -> object:
         return self._body
+
+    @property
+    def content(self) -> bytes:
+        return json.dumps(self._body).encode()
 
     @property
     def text(self) -> str:
@@ -33,18 +38,19 @@ def coordinator(monkeypatch):
     """What the fake coordinator answers: its token counter and per-stage step_ms."""
     world = {"tokens": 0, "step_ms": [10.0, 20.0], "metrics": True}
 
-    def get(url: str, timeout: float = 0) -> FakeResponse:
+    def get(url: str, timeout: float = 0, **_: object) -> FakeResponse:
         if url.endswith("/health") and world.get("silent"):
-            raise watcher_module.requests.Timeout("read timed out")
+            raise client_module.requests.Timeout("read timed out")
         if url.endswith("/health"):
-            return FakeResponse(200, {"status": "ready", "stages": [
-                {"id": f"stage-{i}", "state": "up", "step_ms": ms} for i, ms in enumerate(world["step_ms"])]})
+            return FakeResponse(200, {"status": "ready", "ready": True, "stages": [
+                {"id": f"stage-{i}", "address": f"127.0.0.1:{40000 + i}", "state": "up", "step_ms": ms}
+                for i, ms in enumerate(world["step_ms"])]})
         if not world["metrics"]:
-            raise watcher_module.requests.ConnectionError("refused")
+            raise client_module.requests.ConnectionError("refused")
         return FakeResponse(200, f"# TYPE pipeserve_generated_tokens_total counter\n"
                                  f"pipeserve_generated_tokens_total {world['tokens']}\n")
 
-    monkeypatch.setattr(watcher_module.requests, "get", get)
+    monkeypatch.setattr(client_module.requests, "get", get)
     world["clock"] = FakeClock(start=1000.0)  # this watcher's time only (Watcher(clock=...)), not every thread's
     return world
 

@@ -24,9 +24,13 @@ def check(model_dir: Path, layers: int) -> dict[str, object]:
     """Decode STEPS tokens for three requests, solo and batched; compare every log-prob vector."""
     import mlx.core as mx
 
-    from orchestrator.engine.shard import StageModel
+    from orchestrator.engine import support
+    from orchestrator.engine.stage.shard import StageModel, read_config
 
-    stages = [StageModel(model_dir, 0, layers // 2), StageModel(model_dir, layers // 2, layers)]
+    cut, refused = layers // 2, support.shared_kv_cuts(read_config(model_dir))
+    while cut in refused:  # a boundary between KV-shared layers and their sources is refused: cut earlier
+        cut -= 1
+    stages = [StageModel(model_dir, 0, cut), StageModel(model_dir, cut, layers)]
 
     def through(x, caches, batch=False):
         for stage, c in zip(stages, caches):
@@ -55,7 +59,7 @@ def main(argv: list[str]) -> int:
     from orchestrator.engine import blas
 
     blas.preload()
-    from orchestrator.models.families import FAMILIES, build_family_model
+    from orchestrator.testmodels.families import FAMILIES, build_family_model
 
     root = Path(argv[0])
     for family in argv[1:]:

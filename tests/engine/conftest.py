@@ -7,13 +7,13 @@ from typing import Callable, Iterator
 
 import pytest
 
-from orchestrator.engine.local import LocalPipeline
+from orchestrator.engine.local_pipeline import LocalPipeline
 
 
 @pytest.fixture(scope="session")
 def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`model_factory(layers=6, tied=False, ...)` builds a test model once per option set."""
-    from orchestrator.models.testmodel import make_test_model
+    from orchestrator.testmodels.llama import make_test_model
 
     made: dict[tuple, Path] = {}
     root = tmp_path_factory.mktemp("models")
@@ -23,6 +23,25 @@ def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
         if key not in made:
             name = "-".join(f"{k}{v}" for k, v in key) or "default"
             made[key] = make_test_model(root / name, **options)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def family_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`family_model(name, dtype="float32", quant=None)` builds each family's test model once per
+    variant, for every module of the matrix (the directory is named after the family)."""
+    from orchestrator.testmodels.families import build_family_model
+
+    root = tmp_path_factory.mktemp("families")
+    made: dict[tuple, Path] = {}
+
+    def make(name: str, dtype: str = "float32", quant: str | None = None) -> Path:
+        key = (name, dtype, quant)
+        if key not in made:
+            made[key] = build_family_model(root / f"{dtype}-{quant or 'plain'}" / name, name, dtype=dtype,
+                                           quant=quant)
         return made[key]
 
     return make

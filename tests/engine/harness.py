@@ -7,6 +7,7 @@ uses; `test_exactness.py` proves it fails for deliberately broken splits.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -15,10 +16,11 @@ import mlx.core as mx
 import numpy as np
 
 from orchestrator import logs
+from orchestrator.engine import support
 from orchestrator.engine.config import load_config
-from orchestrator.engine.local import LocalPipeline
-from orchestrator.engine.pipeline import Failed, Finished, GenerationParams, Pipeline, TokenEvent
-from orchestrator.engine.shard import StageModel
+from orchestrator.engine.coordinator.pipeline import Failed, Finished, GenerationParams, Pipeline, TokenEvent
+from orchestrator.engine.local_pipeline import LocalPipeline
+from orchestrator.engine.stage.shard import ModelInfo, StageModel
 from orchestrator.proc import WaitTimeout, wait_until
 
 TOP = 5
@@ -52,6 +54,16 @@ def reference(model_dir: Path, prompt: list[int], max_tokens: int, prefill_step:
     model, _ = load_model(Path(model_dir))
     steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, prefill_step_size=prefill_step)
     return _trace_from_vectors([(tok, lp) for tok, lp in steps])
+
+
+def two_stages(model_dir: Path) -> list[StageModel]:
+    """A model in two in-process stages, cut at the middle or the nearest earlier boundary the family
+    allows (Gemma 4 keeps its K/V-sharing layers with their sources)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    n = ModelInfo.read(model_dir).num_layers
+    refused = support.shared_kv_cuts(config)
+    cut = max(c for c in range(1, n // 2 + 1) if c not in refused)
+    return [StageModel(model_dir, 0, cut), StageModel(model_dir, cut, n)]
 
 
 def split_in_process(stages: list[StageModel], prompt: list[int], max_tokens: int, prefill_step: int = 2048) -> Trace:

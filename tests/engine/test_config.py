@@ -1,4 +1,4 @@
-"""The cluster TOML (README "Cluster configuration"): the documented example parses, every broken file gets a
+"""The cluster TOML (docs/configuration.md, "The cluster TOML"): the documented example parses, every broken file gets a
 ConfigError whose message says what is wrong, and the secret comes only from the
 environment or the secret file.
 """
@@ -49,7 +49,7 @@ def stage(node_id: str = "stage-0", address: str = "127.0.0.1:39601", index: int
 
 STAGE0 = stage()
 STAGE1 = stage("stage-1", "127.0.0.1:39602", 1, "15-29")
-# The example of the README's "Cluster configuration", verbatim in content.
+# The example of the docs/configuration.md's "The cluster TOML", verbatim in content.
 EXAMPLE = CLUSTER + COORDINATOR + STAGE0 + STAGE1
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.shard import StageModel
-
-from .harness import InTestCoordinator, assert_same, reference, split_in_process
+from orchestrator.engine.stage.shard import StageModel
+from tests.engine.harness import InTestCoordinator, assert_same, reference, split_in_process
 
 SHORT = [5, 17, 101, 33, 7]
 LONG = [(i * 37 + 11) % 500 for i in range(40)]
@@ -21,7 +20,8 @@ CASES = [
     pytest.param({}, [(0, 0), (1, 1), (2, 2), (3, 3)], id="4-one-layer-stages"),
     pytest.param({"layers": 6, "tied": False}, [(0, 0), (1, 4), (5, 5)], id="3-stages-f32-untied"),
     pytest.param({"dtype": "bfloat16"}, [(0, 2), (3, 3)], id="2-stages-bf16-tied"),
-    pytest.param({"dtype": "bfloat16", "tied": False, "shards": 2}, [(0, 0), (1, 2), (3, 3)], id="3-stages-bf16-untied-sharded"),
+    pytest.param({"dtype": "bfloat16", "tied": False, "shards": 2}, [(0, 0), (1, 2), (3, 3)],
+                 id="3-stages-bf16-untied-sharded"),
 ]
 
 

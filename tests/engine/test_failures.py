@@ -14,8 +14,7 @@ import pytest
 import requests
 
 from orchestrator.proc import WaitTimeout, wait_until
-
-from .harness import InTestCoordinator
+from tests.engine.harness import InTestCoordinator
 
 
 def _stream_until_failure(url: str, body: dict, first_chunk: threading.Event, result: dict) -> None:
@@ -140,16 +139,18 @@ def test_a_replaced_stage_that_computes_differently_fails_the_probe(model_factor
 
 
 def test_the_coordinator_probes_its_stages_while_its_tokenizer_loads(model_factory, launch):
-    """The links and the probe do not wait for the tokenizer stack's import (~1 s): they come
-    up before it is loaded (a replaced coordinator is ready sooner); end-of-sequence ids are
-    set before the server takes requests (test_api's greedy runs stop at them). Its port is bound
-    first, so no other process can take it meanwhile (a CI run lost a coordinator that way)."""
+    """The links and the probe do not wait for the tokenizer stack's import (~1 s): the pipeline
+    starts before it is loaded (a replaced coordinator is ready sooner; whether its links are up
+    before the import ends depends on the machine's load); end-of-sequence ids are set before the
+    server takes requests (test_api's greedy runs stop at them). Its port is bound first, so no
+    other process can take it meanwhile (a CI run lost a coordinator that way)."""
     model = model_factory()
     cluster = launch(model, [(0, 1), (2, 3)])
     lines = cluster.output("coordinator", tail=200).splitlines()
     first = {event: next(i for i, line in enumerate(lines) if f" {event} " in line)
-             for event in ("http.bound", "link.up", "tokenizer.loaded", "http.listening")}
-    assert first["http.bound"] < first["link.up"] < first["tokenizer.loaded"] < first["http.listening"], lines
+             for event in ("http.bound", "pipeline.started", "link.up", "tokenizer.loaded", "http.listening")}
+    # (link.up is only required to appear: the links' threads may log it before this thread logs pipeline.started)
+    assert first["http.bound"] < first["pipeline.started"] < first["tokenizer.loaded"] < first["http.listening"], lines
     body = {"model": model.name, "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0}
     assert requests.post(cluster.base_url + "/v1/completions", json=body, timeout=30).status_code == 200
 
@@ -173,7 +174,7 @@ def test_a_stage_holds_only_its_own_layers(model_factory, launch):
 def test_a_stage_that_loads_but_cannot_serve_is_never_ready(test_model_dir, launch):
     """Ready means serving: the probe runs a request's paths, so a stage whose every step fails
     keeps /v1/models at 503, with its error in /health."""
-    from orchestrator.engine.local import LaunchError
+    from orchestrator.engine.local_pipeline import LaunchError
 
     with pytest.raises(LaunchError) as failure:
         launch(test_model_dir, [(0, 1), (2, 3)], env={"PIPESERVE_FAULTS": "stage-1:step-error"}, startup_timeout=10)
@@ -207,7 +208,8 @@ def test_a_wedged_stage_fails_requests_and_is_named_with_its_progress(test_model
     """step-hang from stage-1's 20th step on: the probe passes, a long request wedges it; its
     readers still answer pings, the watchdog sees one step last past the stall timeout."""
     cluster = launch(test_model_dir, [(0, 1), (2, 3)],
-                     env={**WEDGE_ENV, "PIPESERVE_FAULTS": "stage-1:step-hang@20", "PIPESERVE_CANARY_INTERVAL_S": "600"})
+                     env={**WEDGE_ENV, "PIPESERVE_FAULTS": "stage-1:step-hang@20",
+                          "PIPESERVE_CANARY_INTERVAL_S": "600"})
     body = {"model": test_model_dir.name, "prompt": [5, 6, 7], "max_tokens": 200, "temperature": 0}
     started = time.monotonic()
     r = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=60)
@@ -234,7 +236,8 @@ def test_an_idle_pipeline_sends_canaries_that_find_a_wedged_stage(test_model_dir
 
 def test_stage_progress_is_reported_in_health(test_model_dir, launch):
     cluster = launch(test_model_dir, [(0, 1), (2, 3)], env=WEDGE_ENV)
-    h = _wait_health(cluster, lambda h: all("progress" in s for s in h["stages"]))
+    # Every stage reports progress (None until its first PONG); once ready, each has stepped
+    h = _wait_health(cluster, lambda h: all((s.get("progress") or {}).get("steps", 0) > 0 for s in h["stages"]))
     for s in h["stages"]:
         p = s["progress"]
         assert p["steps"] > 0 and p["busy_s"] >= 0 and p["queued"] >= 0 and p["pid"] > 0, p

@@ -1,6 +1,6 @@
 """The exactness matrix: every family the engine claims, split, equals single-process mlx-lm.
 
-Models come from mlx-lm's own classes with random weights (orchestrator/models/families.py):
+Models come from mlx-lm's own classes with random weights (orchestrator/testmodels/families.py):
 sliding windows of 8 tokens under a 40-token prompt, sliding/global patterns of period 2-3,
 dense-then-MoE stacks, hybrid linear-attention / SSM layers. Splits cut after the first
 layer, in the middle and three ways; prefill is chunked (16 tokens). The comparison is
@@ -20,11 +20,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from orchestrator.engine import stubs, support
-from orchestrator.engine.shard import ShardError, StageModel
-from orchestrator.models.families import FAMILIES, build_family_model
-
-from .harness import InTestCoordinator, assert_same, reference, split_in_process
+from orchestrator.engine import support
+from orchestrator.engine.stage import stand_ins as stubs
+from orchestrator.engine.stage.shard import ShardError, StageModel
+from orchestrator.testmodels.families import FAMILIES
+from tests.engine.harness import InTestCoordinator, assert_same, reference, split_in_process
+from tests.support import matrix
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 TOKENS = 16
@@ -33,23 +34,17 @@ NAMES = sorted(FAMILIES)
 MOE = {name for name, spec in FAMILIES.items() if spec.moe}
 
 
-@pytest.fixture(scope="module")
-def family_model(tmp_path_factory: pytest.TempPathFactory):
-    """`family_model(name, dtype="float32", quant=None)` builds each variant once."""
-    root = tmp_path_factory.mktemp("families")
-    made: dict[tuple, Path] = {}
-
-    def make(name: str, dtype: str = "float32", quant: str | None = None) -> Path:
-        key = (name, dtype, quant)
-        if key not in made:
-            made[key] = build_family_model(root / "-".join(str(k) for k in key), name, dtype=dtype, quant=quant)
-        return made[key]
-
-    return make
+# Gemma 4's KV-shared layers (4, 5) stay with their sources (2, 3): boundaries 3-5 are refused
+# (test_a_boundary_between_kv_shared_layers_is_refused), so its splits cut at 1 and 2, across
+# which the per-layer inputs of every later layer travel.
+_GEMMA4_SPLITS = [[(0, 1), (1, 6)], [(0, 2), (2, 6)], [(0, 1), (1, 2), (2, 6)]]
+SPLITS = {"gemma4_text": _GEMMA4_SPLITS, "gemma4": _GEMMA4_SPLITS}
 
 
-def splits(layers: int) -> list[list[tuple[int, int]]]:
+def splits(layers: int, family: str | None = None) -> list[list[tuple[int, int]]]:
     """Half-open layer ranges: after the first layer, in the middle, and three ways."""
+    if family in SPLITS:
+        return SPLITS[family]
     return [[(0, 1), (1, layers)], [(0, layers // 2), (layers // 2, layers)],
             [(0, 2), (2, layers - 1), (layers - 1, layers)]]
 
@@ -69,21 +64,22 @@ def test_split_equals_mlx_lm(family_model, family):
     model = family_model(family)
     expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
     assert len(set(expected.tokens)) >= 4, "the test model must not repeat one token"
-    for bounds in splits(len(FAMILIES[family].layers)):
+    for bounds in splits(len(FAMILIES[family].layers), family):
         assert_same(expected, run_split(model, bounds))
 
 
+# Every family in one quantization (q4 or mixed, alternating: tests/support/matrix.py), a third of the
+# dense ones in bfloat16 (CPU GatherMM is float32-only), and the formats mlx-community publishes for some.
 @pytest.mark.parametrize("family,dtype,quant", [
-    *[(name, "float32", "q4") for name in NAMES],
-    *[(name, "float32", "mixed") for name in NAMES],
-    *[(name, "bfloat16", None) for name in NAMES if name not in MOE],  # CPU GatherMM is float32-only
+    *[(name, "float32", quant) for name, quant in matrix.rows(NAMES, ["q4", "mixed"], every=("llama", "qwen3_moe"))],
+    *[(name, "bfloat16", None) for name in matrix.sample([n for n in NAMES if n not in MOE], stride=3)],
     ("llama", "float16", None), ("qwen3", "float32", "q6"), ("gemma3_text", "float32", "q8"),
     ("gpt_oss", "float32", "mxfp4"), ("qwen3_moe", "float32", "mxfp4"),
 ])
 def test_formats_split_equal_mlx_lm(family_model, family, dtype, quant):
     model = family_model(family, dtype, quant)
     layers = len(FAMILIES[family].layers)
-    assert_same(reference(model, PROMPT, TOKENS, prefill_step=CHUNK), run_split(model, splits(layers)[2]))
+    assert_same(reference(model, PROMPT, TOKENS, prefill_step=CHUNK), run_split(model, splits(layers, family)[2]))
 
 
 def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
@@ -100,18 +96,25 @@ def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
     wrong = {f: r for f, r in results.items() if not r["exact"]}
     assert not wrong, f"batched rows differ from solo steps: {wrong}"
     unbatched = {f: r["refusal"] for f, r in results.items() if not r["batched"]}
-    assert not unbatched, f"decode steps fell back to one request at a time: {unbatched}"
+    known = {f for f in NAMES if support.family_of({"model_type": FAMILIES[f].model_type}) in support.UNBATCHED}
+    assert set(unbatched) == known, f"decode steps fell back to one request at a time: {unbatched}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "nemotron_h", "jamba"])
+# gemma4_text, hunyuan, rwkv7, talkie: NAMED frames (per-layer inputs, handed-on K/V, v_first, the
+# normalised embedding) between real processes
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "nemotron_h", "jamba",
+                                    "gemma4_text", "hunyuan", "rwkv7", "talkie"])
 def test_real_stages_serve_concurrent_requests_like_solo_runs(family_model, launch, family):
     """Real stage processes over TCP; three requests at once, each with its solo tokens."""
     model = family_model(family)
     layers = len(FAMILIES[family].layers)
     prompts = [PROMPT, PROMPT[:9], PROMPT[5:30]]
     expected = [reference(model, p, 12, prefill_step=2048) for p in prompts]
-    cluster = launch(model, [(0, 0), (1, layers // 2), (layers // 2 + 1, layers - 1)], coordinator=False)
+    three = [(0, 0), (1, layers // 2), (layers // 2 + 1, layers - 1)]
+    if family in SPLITS:  # the cuts this family allows (gemma4_text: not between K/V-sharing layers)
+        three = [(a, b - 1) for a, b in next(s for s in SPLITS[family] if len(s) == 3)]
+    cluster = launch(model, three, coordinator=False)
     coord = InTestCoordinator(cluster)
     try:
         coord.wait_ready()
@@ -195,6 +198,34 @@ def test_the_comparison_detects_skipped_layers_not_counting_positions(family_mod
         assert_same(expected, run_split(model, [(0, 2), (2, 4)]))
 
 
+def test_the_comparison_detects_stand_ins_failing_the_family_isinstance_checks(family_model, monkeypatch):
+    """OLMo-hybrid picks each layer's mask by the layer's class: stand-ins that did not pass
+    its isinstance checks would hand a full-attention layer the linear layers' mask."""
+    from orchestrator.engine.stage import shard
+    def plain(cls):
+        return type(f"Plain{cls.__name__}", (cls,), {"__class__": property(lambda self: type(self))})
+
+    model = family_model("olmo_hybrid")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    bounds = splits(len(FAMILIES["olmo_hybrid"].layers))[2]
+    assert_same(expected, run_split(model, bounds))
+    for name in ("Skip", "Entry", "Exit"):
+        monkeypatch.setattr(shard, name, plain(getattr(stubs, name)))
+    with pytest.raises((AssertionError, ValueError)):
+        assert_same(expected, run_split(model, bounds))
+
+
+def test_a_vision_tower_in_the_weights_is_never_loaded(family_model):
+    """The published checkpoint carries its vision tower (NaN-filled here): no stage holds it."""
+    model = family_model("qwen3_vl")
+    saved = mx.load(str(model / "model.safetensors"))
+    tower = [k for k in saved if k.startswith("visual.")]
+    assert tower and all(mx.isnan(saved[k]).all().item() for k in tower)
+    for a, b in splits(len(FAMILIES["qwen3_vl"].layers))[2]:
+        held = {k for k, _ in nn.utils.tree_flatten(StageModel(model, a, b)._model.parameters())}
+        assert not any("visual" in k for k in held)
+
+
 # --- refusals ---------------------------------------------------------------------------
 
 def test_a_stage_refuses_an_unsupported_family(family_model, tmp_path):
@@ -203,8 +234,8 @@ def test_a_stage_refuses_an_unsupported_family(family_model, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(family_model("llama"), model)
     config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "model_type": "rwkv7"}))
-    with pytest.raises(ShardError, match="rwkv7.*not verified exact"):
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "afm7"}))
+    with pytest.raises(ShardError, match="afm7.*num_kv_reuse_layers.*missing: K/V shared across layers"):
         StageModel(model, 0, 2)
 
 
@@ -225,3 +256,112 @@ def test_hidden_states_cross_in_the_dtype_the_layer_produced(family_model):
     first = StageModel(model, 0, 3)
     h = first.forward(mx.array(PROMPT[:5])[None], first.make_cache())
     assert h.dtype == mx.bfloat16 and h.shape == (1, 5, 64)
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "gemma4"])
+def test_a_boundary_between_kv_shared_layers_is_refused(family_model, family):
+    """Gemma 4's layer 4 reuses layer 3's K/V and layer 5 layer 2's (the whole cache): a stage
+    may not start at 3, 4 or 5, and says which layers must share a stage; 1 and 2 are served."""
+    model = family_model(family)
+    cuts = support.shared_kv_cuts(json.loads((model / "config.json").read_text()))
+    assert sorted(cuts) == [3, 4, 5]
+    for b in (3, 4, 5):
+        for a, z in ((0, b), (b, 6)):
+            with pytest.raises(ShardError, match=f"boundary before layer {b} separates KV-shared layer"):
+                StageModel(model, a, z)
+    assert "layers 3-4 must share a stage" in cuts[4]
+
+
+def test_the_comparison_detects_per_layer_inputs_not_crossing(family_model, monkeypatch):
+    """Beyond the first stage Gemma 4's per-layer embedding is hollow: a stage that ran its layers
+    on what it computed itself (zeros) instead of the received per-layer inputs must fail."""
+    from orchestrator.engine.stage import carry
+
+    model = family_model("gemma4_text")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    monkeypatch.setattr(carry.PerLayerFeed, "begin", lambda self, incoming: setattr(self, "taken", {}))
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, [(0, 2), (2, 6)]))
+
+
+def test_the_comparison_detects_per_layer_inputs_shifted_by_one_layer(family_model, monkeypatch):
+    """Each layer must get its own slice: feeding layer i the slice of layer i+1 fails."""
+    from orchestrator.engine.stage import carry
+
+    model = family_model("gemma4_text")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    given = carry.PerLayerFeed.given
+
+    def shifted(self, index, computed):
+        return given(self, index if self.incoming is None else min(index + 1, self.n - 1), computed)
+
+    monkeypatch.setattr(carry.PerLayerFeed, "given", shifted)
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, [(0, 1), (1, 6)]))
+
+
+@pytest.mark.parametrize("family,names", [("hunyuan", ("keys", "values")), ("rwkv7", ("v_first",))])
+def test_what_a_layer_hands_on_crosses_the_boundary(family_model, family, names):
+    """Hunyuan's second layer of a pair attends with the first one's K/V projections, RWKV-7's
+    layers read layer 0's v_first: a boundary between them carries those beside the hidden state."""
+    model = family_model(family)
+    layers = len(FAMILIES[family].layers)
+    cfg = json.loads((model / "config.json").read_text())
+    crossing = [b for b in range(1, layers) if support.handed_on(cfg, b)]
+    assert crossing == ([1, 3, 5] if family == "hunyuan" else [1, 2, 3])
+    stage = StageModel(model, crossing[0], layers)
+    assert tuple(stage.extras_in) == names
+
+
+def test_the_comparison_detects_handed_on_state_not_crossing(family_model, monkeypatch):
+    """Hunyuan's layer 1 handed layer 0's values as its keys (and keys as values) must fail."""
+    model = family_model("hunyuan")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    feed = stubs.Entry.feed
+
+    def swapped(self, h, handed=None):
+        feed(self, h, None if handed is None else (handed[0], handed[1][::-1]))
+
+    monkeypatch.setattr(stubs.Entry, "feed", swapped)
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, [(0, 1), (1, 6)]))
+
+
+def test_the_comparison_detects_v_first_not_crossing(family_model, monkeypatch):
+    """RWKV-7 beyond the first stage on a v_first of zeros instead of layer 0's must fail."""
+    model = family_model("rwkv7")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    feed = stubs.Entry.feed
+
+    def zeroed(self, h, handed=None):
+        feed(self, h, None if handed is None else (handed[0], mx.zeros_like(handed[1])))
+
+    monkeypatch.setattr(stubs.Entry, "feed", zeroed)
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, [(0, 2), (2, 4)]))
+
+
+def test_talkies_embedding_crosses_every_boundary_and_reaches_every_layer(family_model):
+    """Talkie's blocks each take the normalised token embedding: every stage beyond the first
+    receives it beside the hidden state (and runs every layer of its range on it)."""
+    model = family_model("talkie")
+    for start in (1, 2, 3):
+        assert tuple(StageModel(model, start, 4).extras_in) == ("embedding",)
+    assert StageModel(model, 0, 2).extras_in == {}
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    assert_same(expected, run_split(model, [(0, 1), (1, 3), (3, 4)]))  # one layer on each end stage
+
+
+def test_the_comparison_detects_talkies_embedding_reaching_only_the_first_layer(family_model, monkeypatch):
+    """A stage whose later layers took the embedding its model computed (zeros beyond the first
+    stage) instead of the received one must fail: a layer of each stage but the first given it."""
+    model = family_model("talkie")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    call = stubs.Given.__call__
+
+    def entry_only(self, *args, **kwargs):  # as if only the stage's Entry replaced the argument
+        return call(self, *args, **kwargs) if isinstance(self.layer, stubs.Entry) else self.layer(*args, **kwargs)
+
+    monkeypatch.setattr(stubs.Given, "__call__", entry_only)
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, [(0, 1), (1, 4)]))

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from orchestrator.engine.local import LocalPipeline
+from orchestrator.engine.local_pipeline import LocalPipeline
 from orchestrator.proc import wait_until
 
 HEADER_TIMEOUT = 3.0
@@ -89,7 +89,8 @@ def test_a_refused_body_is_never_parsed_as_the_next_request(served):
     got, closed = _exchange(cluster.http_port, _post_head("/v1/completions", f"Content-Length: {len(body)}\r\n") + body)
     assert _statuses(got) == [413] and closed, got[:600]
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled)
-    got, closed = _exchange(cluster.http_port, _post_head("/v1/completions", "Transfer-Encoding: chunked\r\n") + chunked)
+    head = _post_head("/v1/completions", "Transfer-Encoding: chunked\r\n")
+    got, closed = _exchange(cluster.http_port, head + chunked)
     assert _statuses(got) == [411] and closed, got[:600]
 
 
@@ -118,18 +119,20 @@ def _answer_time(cluster: LocalPipeline) -> float:
     return time.monotonic() - t0
 
 
-def test_idle_sockets_are_closed_and_past_the_cap_refused_with_429(served):
+def test_idle_sockets_are_closed_and_past_the_cap_never_hold_a_slot(served):
     """Idle connections used to be kept forever (about 2,000 of them exhausted the
     coordinator's descriptors and new clients hung). Now: a connection that sends no
     complete request head within the header timeout is closed, at most MAX_CONNECTIONS
-    are served at once and one more gets 429 with Retry-After, and a normal request still
-    answers quickly."""
+    are served at once; past them a newcomer that sends nothing is closed within a second
+    (issue 20: it no longer gets a 429 — that needs a request), and a normal request still
+    answers quickly, also while the idle sockets are held."""
     cluster, _ = served
     idle = [socket.create_connection(("127.0.0.1", cluster.http_port), timeout=30) for _ in range(150)]
     try:
         print(f"with 150 idle sockets: a request answers in {_answer_time(cluster):.3f} s")
         t0 = time.monotonic()
         idle += [socket.create_connection(("127.0.0.1", cluster.http_port), timeout=30) for _ in range(100)]
+        print(f"with 250 idle sockets (cap {MAX_CONNECTIONS}): a request answers in {_answer_time(cluster):.3f} s")
         answers: list[bytes] = []
         for sock in idle:
             got = b""
@@ -148,9 +151,7 @@ def test_idle_sockets_are_closed_and_past_the_cap_refused_with_429(served):
     refused = [a for a in answers if a.startswith(b"HTTP/1.1 429 ")]
     print(f"250 idle sockets: all closed after {elapsed:.1f} s (header timeout {HEADER_TIMEOUT} s); "
           f"{len(refused)} refused with 429, {sum(1 for a in answers if not a)} closed silently")
-    assert refused and all(b"Retry-After: " in a for a in refused)
-    assert len(refused) <= 250 - MAX_CONNECTIONS + 150  # the first 150 fit; only the excess is refused
-    assert "http.connections_full" in _log(cluster)
+    assert all(b"Retry-After: " in a for a in refused)
     print(f"afterwards: a request answers in {_answer_time(cluster):.3f} s")
 
 
@@ -191,7 +192,8 @@ def test_a_non_streaming_client_that_hangs_up_cancels_its_generation(served):
     generated = r"^pipeserve_generated_tokens_total (\S+)$"
     gone = r'^pipeserve_requests_total\{endpoint="/v1/completions",status="499"\} (\S+)$'
     doc = {"model": model.name, "prompt": "hello", "max_tokens": 16000, "temperature": 0}
-    full = requests.post(cluster.base_url + "/v1/completions", json=doc, timeout=300).json()["usage"]["completion_tokens"]
+    full = requests.post(cluster.base_url + "/v1/completions", json=doc,
+                         timeout=300).json()["usage"]["completion_tokens"]
     assert full >= 200, f"the reference generation is too short ({full} tokens) to show anything"
     before, gone_before = _metric(cluster, generated), _metric(cluster, gone)
     body = json.dumps(doc).encode()

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.engine import transport, wire
-from orchestrator.engine.local import LocalPipeline
-from orchestrator.engine.sampling import decode_result
+from orchestrator.engine.local_pipeline import LocalPipeline
+from orchestrator.engine.stage.sampling import decode_result
 from orchestrator.engine.wire import (
     HEADER,
     HEADER_SIZE,
@@ -46,8 +46,7 @@ from orchestrator.engine.wire import (
     Kind,
 )
 from orchestrator.proc import WaitTimeout, wait_until
-
-from .harness import InTestCoordinator, assert_same, reference
+from tests.engine.harness import InTestCoordinator, assert_same, reference
 
 SPLITS = [(0, 1), (2, 3)]
 LIMIT = 64 * 1024  # max_frame_bytes of the cluster under test: small, so both sides of it are cheap to reach
@@ -209,10 +208,11 @@ GARBAGE = [
     pytest.param(b"GET / HTTP/1.1\r\nHost: stage\r\n\r\n", "did not start with PSHC", id="http"),
     pytest.param(bytes.fromhex("160301020001000200") + b"\0" * 60, "did not start with PSHC", id="tls-client-hello"),
     pytest.param(PING, "did not start with PSHC", id="frame-before-handshake"),
-    pytest.param(b"PSHC\x02\x00\x0bcoordinator" + b"\0" * 64, "handshake version 2 unsupported", id="future-version"),
-    pytest.param(b"PSHC\x01\x00\x00" + b"\0" * 64, "malformed handshake", id="empty-role"),
-    pytest.param(b"PSHC\x01\x00\x0bcoordinator" + b"\0" * 64, "wrong cluster secret", id="zero-mac"),
-    pytest.param(b"PSHC\x01\x00\xff" + b"x" * 40, "peer closed the connection", id="truncated-then-close"),
+    pytest.param(b"PSHC\x03\x04\x0bcoordinator" + b"\0" * 64, "handshake version 3, this build 2", id="future-version"),
+    pytest.param(b"PSHC\x02\x03\x0bcoordinator" + b"\0" * 64, "wire version 3, this build 4", id="older-frames"),
+    pytest.param(b"PSHC\x02\x04\x00" + b"\0" * 64, "malformed handshake", id="empty-role"),
+    pytest.param(b"PSHC\x02\x04\x0bcoordinator" + b"\0" * 64, "wrong cluster secret", id="zero-mac"),
+    pytest.param(b"PSHC\x02\x04\xff" + b"x" * 40, "peer closed the connection", id="truncated-then-close"),
     pytest.param(b"\0" * 3, "peer closed the connection", id="three-bytes-then-close"),
 ]
 
@@ -242,7 +242,7 @@ def test_silent_clients_do_not_block_the_stage_and_time_out(live_pipeline, clust
     t0 = time.monotonic()
     silent = [raw_connect(cluster, 0), raw_connect(cluster, 1), raw_connect(cluster, 0)]
     half = raw_connect(cluster, 0)
-    half.sendall(b"PSHC\x01\x00")  # 6 of the 7 head bytes, then nothing
+    half.sendall(b"PSHC\x02\x04")  # 6 of the 7 head bytes, then nothing
     try:
         assert_serves(live_pipeline, cluster)  # while they are all connected
         for sock in silent + [half]:
@@ -275,7 +275,7 @@ def test_a_trickled_handshake_is_dropped_at_its_deadline(live_pipeline, cluster)
     """One byte every second used to reset the 5 s per-read timeout forever; the whole
     handshake now has HANDSHAKE_TIMEOUT, however the bytes trickle."""
     sock = raw_connect(cluster)
-    trickle = b"PSHC\x01\x00\xff" + b"r" * 300  # a valid head announcing a long role: the stage waits for it
+    trickle = b"PSHC\x02\x04\xff" + b"r" * 300  # a valid head announcing a long role: the stage waits for it
     t0 = time.monotonic()
     closed_after = None
     with sock:
@@ -302,7 +302,7 @@ def test_unauthenticated_connections_past_the_cap_are_closed_at_once(live_pipeli
     """MAX_PENDING_HANDSHAKES silent clients are all a stage keeps; more are closed at once,
     before any handshake starts (they never get the server hello), and a real coordinator
     gets in once the others have timed out."""
-    from orchestrator.engine.stage import MAX_PENDING_HANDSHAKES
+    from orchestrator.engine.stage.gate import MAX_PENDING_HANDSHAKES
 
     mark = log_mark(cluster, "stage-0")
     extra = 8
@@ -534,7 +534,7 @@ def random_headers(draw) -> bytes:
     honest = math.prod(s[:min(ndim, 3)]) * (DType(dtype).itemsize if dtype in (1, 2, 3, 4) else 1)
     length = draw(st.sampled_from([honest, honest, 0, honest + 1, max(honest - 1, 0)]) | st.integers(0, 2**32 - 1))
     raw = _header(magic=draw(st.sampled_from([MAGIC] * 8 + [b"SP", b"P\0"])),
-                  version=draw(st.sampled_from([VERSION] * 8 + [0, 2])),
+                  version=draw(st.sampled_from([VERSION] * 8 + [0, 3])),
                   kind=kind, dtype=dtype, flags=draw(st.integers(0, 3) | st.integers(0, 255)), ndim=ndim,
                   pad=draw(st.integers(0, 255)), rid=draw(st.integers(0, 2**64 - 1)),
                   pos=draw(st.integers(0, 2**32 - 1)), s=s, length=length & 0xFFFFFFFF)
@@ -662,7 +662,8 @@ def _junk_json() -> st.SearchStrategy[bytes]:
 
     return st.one_of(
         st.binary(max_size=256), values.map(as_json), wrong_types.map(as_json), nested,
-        st.sampled_from([b"1e999", b"-1e999", b"NaN", b'{"temperature": Infinity}', b'{"seed": 1e999, "temperature": 1}',
+        st.sampled_from([b"1e999", b"-1e999", b"NaN", b'{"temperature": Infinity}',
+                         b'{"seed": 1e999, "temperature": 1}',
                          b'{"top_logprobs": 1e400}', b"\xff\xfe{}", b"{}" * 2, b"\"" * 7]))
 
 
@@ -742,13 +743,18 @@ BAD_REQUESTS = [
     pytest.param(0, _open() + _tokens([1, 2], shape=(1, 2)), FIRST_ONLY, id="s0-2d-tokens"),
     pytest.param(0, _open() + _hidden((1, 2, HIDDEN)), FIRST_ONLY, id="s0-hidden"),
     pytest.param(1, _hidden((1, 1, HIDDEN)), "stage 1: unknown request", id="s1-unknown-request"),
-    pytest.param(1, _open() + _hidden((1, 1, HIDDEN), pos=9), "stage 1: KV position 9 != expected 0", id="s1-kv-position"),
-    pytest.param(1, _open() + _hidden((1, 2, HIDDEN - 1)), "expected hidden states [1, L, 64], got FLOAT32 (1, 2, 63)", id="s1-narrow"),
+    pytest.param(1, _open() + _hidden((1, 1, HIDDEN), pos=9), "stage 1: KV position 9 != expected 0",
+                 id="s1-kv-position"),
+    pytest.param(1, _open() + _hidden((1, 2, HIDDEN - 1)), "expected hidden states [1, L, 64], got FLOAT32 (1, 2, 63)",
+                 id="s1-narrow"),
     pytest.param(1, _open() + _hidden((1, 2, 2 * HIDDEN)), HIDDEN_ONLY, id="s1-wide"),
-    pytest.param(1, _open() + _hidden((2, 1, HIDDEN)), "expected hidden states [1, L, 64], got FLOAT32 (2, 1, 64)", id="s1-batch-2"),
+    pytest.param(1, _open() + _hidden((2, 1, HIDDEN)), "expected hidden states [1, L, 64], got FLOAT32 (2, 1, 64)",
+                 id="s1-batch-2"),
     pytest.param(1, _open() + _hidden((2, HIDDEN)), HIDDEN_ONLY, id="s1-rank-2"),
-    pytest.param(1, _open() + _hidden((1, 2, HIDDEN), DType.BFLOAT16), "hidden states in BFLOAT16, this model runs", id="s1-bf16"),
-    pytest.param(1, _open() + _hidden((1, 2, HIDDEN), DType.FLOAT16), "hidden states in FLOAT16, this model runs", id="s1-f16"),
+    pytest.param(1, _open() + _hidden((1, 2, HIDDEN), DType.BFLOAT16), "hidden states in BFLOAT16, this model runs",
+                 id="s1-bf16"),
+    pytest.param(1, _open() + _hidden((1, 2, HIDDEN), DType.FLOAT16), "hidden states in FLOAT16, this model runs",
+                 id="s1-f16"),
     pytest.param(1, _open() + _tokens([1, 2]), "expected hidden states [1, L, 64], got INT32 (2,)", id="s1-tokens"),
     pytest.param(1, _open(b'{"temperature": 99}'), f"{BAD_SAMPLING}: sampling parameters out of range", id="s1-hot"),
     pytest.param(1, _open(b'{"temperature": "hot"}'), BAD_SAMPLING, id="s1-temperature-text"),

@@ -67,7 +67,8 @@ def test_roundtrip_every_kind(kind):
 @pytest.mark.parametrize("shape", [(), (5,), (1, 3), (1, 2, 8)])
 def test_roundtrip_every_dtype_and_rank(dtype, shape):
     n = math.prod(shape) * dtype.itemsize
-    frame = Frame(Kind.FORWARD, 2**64 - 1, 2**32 - 1, dtype, shape, Flag.SAMPLE | Flag.MORE, bytes(i % 256 for i in range(n)))
+    payload = bytes(i % 256 for i in range(n))
+    frame = Frame(Kind.FORWARD, 2**64 - 1, 2**32 - 1, dtype, shape, Flag.SAMPLE | Flag.MORE, payload)
     assert roundtrip(frame) == frame
 
 
@@ -138,25 +139,27 @@ def test_json_frames_roundtrip(value, kind):
 @pytest.mark.parametrize("raw,message", [
     pytest.param(header(magic=b"XX"), r"bad magic b'XX'", id="bad-magic"),
     pytest.param(header(magic=b"ps"), r"bad magic", id="lowercase-magic"),
-    pytest.param(header(version=0), r"unsupported wire version 0 \(this build speaks 2\)", id="version-0"),
+    pytest.param(header(version=0), r"unsupported wire version 0 \(this build speaks 4\)", id="version-0"),
     pytest.param(header(version=3), r"unsupported wire version 3", id="version-3"),
     pytest.param(header(kind=0), r"unknown frame kind 0", id="kind-0"),
-    pytest.param(header(kind=10), r"unknown frame kind 10", id="kind-10"),
+    pytest.param(header(kind=12), r"unknown frame kind 12", id="kind-12"),
     pytest.param(header(kind=255), r"unknown frame kind 255", id="kind-255"),
     pytest.param(header(dtype=5), r"or dtype 5", id="dtype-5"),
     pytest.param(header(dtype=200), r"or dtype 200", id="dtype-200"),
-    pytest.param(header(flags=8), r"unknown flags 0x8", id="flag-8"),
+    pytest.param(header(flags=32), r"unknown flags 0x20", id="flag-32"),
     pytest.param(header(flags=0x83), r"unknown flags 0x83", id="flag-high"),
     pytest.param(header(ndim=4, shape=(1, 1, 1), length=4), r"ndim 4 > 3", id="ndim-4"),
     pytest.param(header(ndim=255), r"ndim 255 > 3", id="ndim-255"),
     pytest.param(header(ndim=1, shape=(0, 0, 0), length=0), r"bad shape \(0, 0, 0\) for ndim 1", id="zero-dim"),
     pytest.param(header(ndim=3, shape=(1, 0, 64), length=0), r"bad shape", id="zero-middle-dim"),
-    pytest.param(header(ndim=1, shape=(4, 2, 0), length=16), r"bad shape \(4, 2, 0\) for ndim 1", id="junk-beyond-ndim"),
+    pytest.param(header(ndim=1, shape=(4, 2, 0), length=16), r"bad shape \(4, 2, 0\) for ndim 1",
+                 id="junk-beyond-ndim"),
     pytest.param(header(length=12), r"payload 12 bytes does not match shape \(4,\) of INT32", id="short-payload"),
     pytest.param(header(length=20), r"payload 20 bytes does not match", id="long-payload"),
     pytest.param(header(dtype=int(DType.BFLOAT16), ndim=3, shape=(1, 2, 64), length=512),
                  r"payload 512 bytes does not match shape \(1, 2, 64\) of BFLOAT16", id="bf16-as-f32-length"),
-    pytest.param(header(ndim=1, shape=(LIMIT, 0, 0), length=4 * LIMIT), r"exceeds the 1048576-byte limit", id="oversize"),
+    pytest.param(header(ndim=1, shape=(LIMIT, 0, 0), length=4 * LIMIT), r"exceeds the 1048576-byte limit",
+                 id="oversize"),
     pytest.param(header(length=2**32 - 1), r"frame of 4294967295 bytes exceeds", id="max-u32-length"),
     pytest.param(header(kind=int(Kind.OPEN), dtype=0, ndim=0, shape=(0, 0, 0), length=MAX_JSON_BYTES + 1),
                  r"a frame without dtype carries at most a small JSON payload", id="json-too-large"),
@@ -202,24 +205,26 @@ def _oracle(magic, version, kind, dtype, flags, ndim, s, length, limit) -> bool:
     """Independent statement of what a valid header is."""
     if magic != MAGIC or version != VERSION or kind not in {int(k) for k in Kind}:
         return False
-    if dtype not in {int(d) for d in DType} or flags & ~3 or ndim > 3:
+    if dtype not in {int(d) for d in DType} or flags & ~15 or ndim > 3:
         return False
     if any(x == 0 for x in s[:ndim]) or any(x != 0 for x in s[ndim:]) or length > limit:
         return False
+    if flags & 8:
+        return kind == int(Kind.FORWARD) and dtype == 0 and ndim == 0 and length > 0
     if dtype == 0:
         return ndim == 0 and length <= MAX_JSON_BYTES
     return length == math.prod(s[:ndim]) * DType(dtype).itemsize
 
 
-small = st.one_of(st.integers(0, 3), st.integers(0, 255))
+small = st.one_of(st.integers(0, 3), st.integers(0, 15), st.integers(0, 255))
 dims = st.one_of(st.integers(0, 4), st.integers(0, 2**32 - 1))
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     magic=st.sampled_from([MAGIC, MAGIC, MAGIC, b"PT", b"\0\0"]),
-    version=st.sampled_from([VERSION, VERSION, 0, 2, 255]),
-    kind=st.integers(0, 10) | st.integers(0, 255),
+    version=st.sampled_from([VERSION, VERSION, 0, 3, 255]),
+    kind=st.integers(0, 12) | st.integers(0, 255),
     dtype=st.integers(0, 6) | st.integers(0, 255),
     flags=small,
     ndim=st.integers(0, 4) | st.integers(0, 255),
@@ -333,8 +338,18 @@ def test_tampered_server_proof_fails():
 
 
 def test_server_hello_version_mismatch():
-    hello = b"PSHS" + struct.pack("<H", wire.HANDSHAKE_VERSION + 1) + wire.new_nonce()
-    with pytest.raises(HandshakeError, match=r"peer speaks handshake version 2, this build 1"):
+    hello = b"PSHS" + struct.pack("<BB", wire.HANDSHAKE_VERSION + 1, VERSION) + wire.new_nonce()
+    with pytest.raises(HandshakeError, match=r"peer speaks handshake version 3, this build 2"):
+        wire.parse_server_hello(hello)
+
+
+@pytest.mark.parametrize("hello,message", [
+    (b"PSHS" + struct.pack("<BB", 2, 3) + b"n" * 32, r"peer speaks wire version 3, this build 4"),
+    (b"PSHS" + struct.pack("<H", 1) + b"n" * 32, r"peer speaks handshake version 1, this build 2"),  # a v1 build
+])
+def test_server_hello_of_another_wire_version_is_refused(hello, message):
+    """A peer whose frames are of another version is refused at the handshake, before any frame."""
+    with pytest.raises(HandshakeError, match=message):
         wire.parse_server_hello(hello)
 
 
@@ -348,18 +363,21 @@ def test_server_hello_not_a_stage(hello):
 def test_client_version_mismatch():
     server_nonce, client_nonce = wire.new_nonce(), wire.new_nonce()
     proof = wire.client_proof(SECRET, "coordinator", server_nonce, client_nonce)
-    bumped = proof[:4] + struct.pack("<H", wire.HANDSHAKE_VERSION + 1) + proof[6:]
-    with pytest.raises(HandshakeError, match="handshake version 2 unsupported"):
+    bumped = proof[:4] + struct.pack("<BB", wire.HANDSHAKE_VERSION + 1, VERSION) + proof[6:]
+    with pytest.raises(HandshakeError, match="client speaks handshake version 3, this build 2"):
         wire.verify_client(SECRET, server_nonce, bumped[:7], bumped[7:])
+    older = proof[:4] + struct.pack("<BB", wire.HANDSHAKE_VERSION, VERSION - 1) + proof[6:]
+    with pytest.raises(HandshakeError, match="client speaks wire version 3, this build 4"):
+        wire.verify_client(SECRET, server_nonce, older[:7], older[7:])
 
 
 @pytest.mark.parametrize("head,rest,message", [
     (b"GET / H", b"", "did not start with PSHC"),
     (b"PSHC\x01\x00", b"", "did not start with PSHC"),  # 6-byte head
-    (b"PSHC\x01\x00\x00", b"\0" * 64, "malformed handshake"),  # role length 0
-    (b"PSHC\x01\x00\x41", b"\0" * (65 + 64), "malformed handshake"),  # role length 65
-    (b"PSHC\x01\x00\x05", b"\0" * 10, "malformed handshake"),  # truncated
-    (b"PSHC\x01\x00\x05", b"\0" * 102, "malformed handshake"),  # too long
+    (b"PSHC\x02\x04\x00", b"\0" * 64, "malformed handshake"),  # role length 0
+    (b"PSHC\x02\x04\x41", b"\0" * (65 + 64), "malformed handshake"),  # role length 65
+    (b"PSHC\x02\x04\x05", b"\0" * 10, "malformed handshake"),  # truncated
+    (b"PSHC\x02\x04\x05", b"\0" * 102, "malformed handshake"),  # too long
 ])
 def test_verify_client_rejects_malformed(head, rest, message):
     with pytest.raises(HandshakeError, match=message):
@@ -370,7 +388,7 @@ def test_role_that_is_not_utf8_is_refused_even_with_a_valid_mac():
     server_nonce, client_nonce = wire.new_nonce(), wire.new_nonce()
     role = b"\xff\xfe"
     mac = wire._mac(SECRET, b"client", server_nonce, client_nonce, role)
-    head = b"PSHC" + struct.pack("<HB", wire.HANDSHAKE_VERSION, len(role))
+    head = b"PSHC" + struct.pack("<BBB", wire.HANDSHAKE_VERSION, VERSION, len(role))
     with pytest.raises(HandshakeError, match="role is not UTF-8"):
         wire.verify_client(SECRET, server_nonce, head, role + client_nonce + mac)
 
@@ -382,8 +400,8 @@ def test_client_proof_refuses_bad_roles(role):
 
 
 def test_rest_length():
-    assert wire.rest_length(b"PSHC\x01\x00\x0b") == 11 + 64
-    assert wire.rest_length(b"PSHC\x01\x00") == 0
+    assert wire.rest_length(b"PSHC\x02\x04\x0b") == 11 + 64
+    assert wire.rest_length(b"PSHC\x02\x04") == 0
 
 
 def test_nonces_are_fresh():
@@ -427,3 +445,122 @@ def test_handshake_property_any_byte_changed_fails(data, role):
 
 def test_frame_json_of_a_json_frame():
     assert json.loads(encode(json_frame(Kind.OPEN, {"a": 1}))[HEADER_SIZE:]) == {"a": 1}
+
+
+# --- NAMED frames: several tensors across a stage boundary ---------------------------------
+
+def _named(tensors: dict, flags: Flag = Flag.NAMED) -> Frame:
+    payload = wire.named_payload(tensors)
+    return Frame(Kind.FORWARD, 5, 9, DType.NONE, (), flags, payload)
+
+
+def _t(dtype: DType, shape: tuple[int, ...]) -> wire.Tensor:
+    return wire.Tensor(dtype, shape, bytes(i % 251 for i in range(math.prod(shape) * dtype.itemsize)))
+
+
+def test_named_frame_roundtrip():
+    tensors = {"h": _t(DType.BFLOAT16, (1, 3, 8)), "per_layer": _t(DType.FLOAT32, (1, 3, 2, 4)),
+               "tokens": _t(DType.INT32, (3,))}
+    back = roundtrip(_named(tensors, Flag.NAMED | Flag.SAMPLE))
+    assert back.flags == Flag.NAMED | Flag.SAMPLE
+    assert wire.named_tensors(back) == tensors
+    assert list(wire.named_tensors(back)) == ["h", "per_layer", "tokens"]  # order kept
+
+
+def test_one_tensor_frames_are_unchanged_in_cost():
+    """Only a frame that carries more than one tensor pays for a directory."""
+    h = bytes(2 * 3 * 8)
+    assert len(encode(Frame(Kind.FORWARD, 1, 0, DType.BFLOAT16, (1, 3, 8), Flag.NONE, h))) == HEADER_SIZE + len(h)
+
+
+def test_named_directory_cost():
+    tensors = {"h": _t(DType.BFLOAT16, (1, 1, 8)), "ple": _t(DType.BFLOAT16, (1, 1, 4, 2))}
+    # count, then per tensor name_len + name + dtype + ndim + 4 bytes per dimension
+    assert len(wire.named_payload(tensors)) == 1 + (1 + 1 + 2 + 12) + (1 + 3 + 2 + 16) + 16 + 16
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True),
+                       st.tuples(st.sampled_from([d for d in DType if d is not DType.NONE]),
+                                 st.lists(st.integers(1, 5), min_size=1, max_size=4)),
+                       min_size=1, max_size=wire.MAX_TENSORS))
+def test_named_roundtrip_property(spec):
+    tensors = {name: _t(dtype, tuple(shape)) for name, (dtype, shape) in spec.items()}
+    assert wire.named_tensors(roundtrip(_named(tensors))) == tensors
+
+
+@pytest.mark.parametrize("tensors,message", [
+    pytest.param({}, r"1\.\.8 tensors, not 0", id="none"),
+    pytest.param({f"t{i}": _t(DType.INT32, (1,)) for i in range(9)}, r"1\.\.8 tensors, not 9", id="nine"),
+    pytest.param({"": _t(DType.INT32, (1,))}, r"tensor name '' is not", id="empty-name"),
+    pytest.param({"x" * 17: _t(DType.INT32, (1,))}, r"is not 1\.\.16 ASCII", id="long-name"),
+    pytest.param({"a-b": _t(DType.INT32, (1,))}, r"tensor name 'a-b'", id="punctuation"),
+    pytest.param({"é": _t(DType.INT32, (1,))}, r"tensor name 'é'", id="non-ascii"),
+    pytest.param({"h": wire.Tensor(DType.NONE, (1,), b"x")}, r"tensor h: bad dtype NONE", id="dtype-none"),
+    pytest.param({"h": wire.Tensor(DType.INT32, (), b"")}, r"tensor h: bad dtype INT32 or shape \(\)", id="scalar"),
+    pytest.param({"h": wire.Tensor(DType.INT32, (1,) * 5, bytes(4))}, r"shape \(1, 1, 1, 1, 1\)", id="ndim-5"),
+    pytest.param({"h": wire.Tensor(DType.INT32, (0, 2), b"")}, r"shape \(0, 2\)", id="zero-dim"),
+    pytest.param({"h": wire.Tensor(DType.INT32, (2,), bytes(7))}, r"tensor h: 7 bytes do not match shape \(2,\)",
+                 id="short-data"),
+])
+def test_named_payload_refuses_to_build(tensors, message):
+    with pytest.raises(FrameError, match=message):
+        wire.named_payload(tensors)
+
+
+GOOD = wire.named_payload({"h": _t(DType.FLOAT16, (1, 2, 4)), "kv": _t(DType.FLOAT32, (1, 1, 2, 2))})
+
+
+def _entry(name: bytes, dtype: int, dims: tuple[int, ...]) -> bytes:
+    return bytes([len(name)]) + name + bytes([dtype, len(dims)]) + struct.pack(f"<{len(dims)}I", *dims)
+
+
+@pytest.mark.parametrize("payload,message", [
+    pytest.param(b"\x00", r"1\.\.8 tensors, not 0", id="count-0"),
+    pytest.param(b"\x09" + b"\0" * 40, r"1\.\.8 tensors, not 9", id="count-9"),
+    pytest.param(b"\x01", r"directory truncated", id="no-directory"),
+    pytest.param(b"\x01\x00" + b"\0" * 20, r"directory truncated or a name longer", id="name-length-0"),
+    pytest.param(b"\x01\x11" + b"a" * 17 + b"\x01\x01" + b"\0" * 8, r"a name longer than 16", id="name-length-17"),
+    pytest.param(b"\x01" + _entry(b"h", 1, (1,))[:-2], r"ndim 1 not 1\.\.4 or truncated", id="dims-truncated"),
+    pytest.param(b"\x01" + _entry(b"h", 1, ()) + b"\0" * 4, r"ndim 0 not 1\.\.4", id="ndim-0"),
+    pytest.param(b"\x01" + _entry(b"h", 1, (1,) * 5) + b"\0" * 4, r"ndim 5 not 1\.\.4", id="ndim-5"),
+    pytest.param(b"\x01" + _entry(b"h", 9, (1,)) + b"\0" * 4, r"name b'h' or dtype 9 unknown", id="dtype-9"),
+    pytest.param(b"\x01" + _entry(b"\xff", 1, (1,)) + b"\0" * 4, r"name b'\\xff' or dtype 1", id="name-not-ascii"),
+    pytest.param(b"\x01" + _entry(b"a b", 1, (1,)) + b"\0" * 4, r"tensor name 'a b' is not", id="name-space"),
+    pytest.param(b"\x01" + _entry(b"h", 0, (1,)) + b"\0", r"tensor h: bad dtype NONE", id="dtype-none"),
+    pytest.param(b"\x01" + _entry(b"h", 1, (0,)), r"tensor h: bad dtype INT32 or shape \(0,\)", id="zero-dim"),
+    pytest.param(b"\x02" + _entry(b"h", 1, (1,)) + _entry(b"h", 1, (1,)) + b"\0" * 8, r"tensor h named twice",
+                 id="duplicate"),
+    pytest.param(b"\x01" + _entry(b"h", 1, (2,)) + b"\0" * 7, r"tensor h: 7 bytes do not match shape \(2,\)",
+                 id="short-data"),
+    pytest.param(b"\x01" + _entry(b"h", 1, (2**31, 2**31)) + b"\0" * 8, r"bytes do not match shape",
+                 id="huge-claim"),
+    pytest.param(GOOD + b"\0", r"1 bytes after its last tensor", id="trailing"),
+    pytest.param(GOOD[:-1], r"tensor kv: 15 bytes do not match", id="truncated"),
+])
+def test_named_tensors_refuses(payload, message):
+    with pytest.raises(FrameError, match=message):
+        wire.named_tensors(Frame(Kind.FORWARD, 1, 0, DType.NONE, (), Flag.NAMED, payload))
+
+
+def test_named_tensors_of_a_plain_frame_is_refused():
+    with pytest.raises(FrameError, match="not a NAMED frame"):
+        wire.named_tensors(Frame(Kind.FORWARD, 1, 0, DType.INT32, (1,), Flag.NONE, bytes(4)))
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(header(flags=8), id="with-dtype"),
+    pytest.param(header(kind=int(Kind.OPEN), dtype=0, ndim=0, shape=(0, 0, 0), flags=8), id="not-forward"),
+    pytest.param(header(dtype=0, ndim=0, shape=(0, 0, 0), flags=8, length=0), id="empty"),
+    pytest.param(header(dtype=0, ndim=1, shape=(4, 0, 0), flags=8), id="with-shape"),
+])
+def test_named_header_rules(raw):
+    with pytest.raises(FrameError, match="a NAMED frame is a FORWARD frame without dtype or shape"):
+        decode_header(raw, LIMIT)
+
+
+def test_named_frame_is_bounded_by_the_frame_limit_beyond_the_json_limit():
+    ok = header(dtype=0, ndim=0, shape=(0, 0, 0), flags=8, length=LIMIT)
+    assert decode_header(ok, LIMIT)[1] == LIMIT > MAX_JSON_BYTES
+    with pytest.raises(FrameError, match="exceeds the"):
+        decode_header(ok, LIMIT - 1)

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from orchestrator.models.describe import ModelDescriptionError, describe_model, read_safetensors_header
-from orchestrator.models.testmodel import make_test_model
+from orchestrator.testmodels.llama import make_test_model
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,8 @@ def test_reads_headers_only(tmp_path: Path, models: dict[str, Path]) -> None:
     offset = max(e["nbytes"] for e in entries.values())  # any offset inside the file works for the check
     header = {name: {"dtype": e["dtype"], "shape": e["shape"], "data_offsets": [0, e["nbytes"]]}
               for name, e in entries.items()}
-    header["model.layers.3.mlp.huge.weight"] = {"dtype": "F32", "shape": [big], "data_offsets": [offset, offset + 4 * big]}
+    header["model.layers.3.mlp.huge.weight"] = {"dtype": "F32", "shape": [big],
+                                                "data_offsets": [offset, offset + 4 * big]}
     raw = json.dumps(header).encode()
     with open(model / "model.safetensors", "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
@@ -244,7 +245,7 @@ OWN_HEAD = {"nemotron_h": True, "jamba": False, "qwen3_5_moe": True, "gpt_oss": 
 def test_every_family_layout_is_grouped(tmp_path, family):
     """Each family's own tensor names (backbone.*, language_model.model.*, final_layernorm,
     output) land in layers / embedding / norm / head, nothing in 'other'."""
-    from orchestrator.models.families import FAMILIES, build_family_model
+    from orchestrator.testmodels.families import FAMILIES, build_family_model
 
     d = describe_model(build_family_model(tmp_path / family, family))
     assert d.supported and d.num_layers == len(FAMILIES[family].layers) == len(d.layer_caches)
@@ -253,7 +254,7 @@ def test_every_family_layout_is_grouped(tmp_path, family):
 
 
 def test_a_vision_language_config_is_described_but_unsupported(tmp_path):
-    from orchestrator.models.families import build_family_model
+    from orchestrator.testmodels.families import build_family_model
 
     model = build_family_model(tmp_path / "vlm", "llama")
     cfg = json.loads((model / "config.json").read_text())

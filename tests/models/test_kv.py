@@ -1,12 +1,12 @@
 """Per-layer cache kinds from config.json, for every family the test models cover (pure:
-the configs of orchestrator/models/families.py, no weights)."""
+the configs of orchestrator/testmodels/families.py, no weights)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.models.families import FAMILIES, FamilySpec
 from orchestrator.models.kv import LayerCache, layer_caches
+from orchestrator.testmodels.families import FAMILIES, FamilySpec
 
 # families.py's mixer codes: F full attention, N attention without RoPE (still a full
 # cache), S sliding window, L linear attention, M Mamba, C gated short convolution (a
@@ -42,12 +42,18 @@ MAMBA2 = 3 * (64 + 2 * 16) * F32 + 4 * 16 * 16 * 4
 PLAIN = ("llama", "qwen2", "qwen3", "glm4", "llama4_text", "phi3", "olmo2", "gemma", "starcoder2", "internlm2",
          "internlm3", "minicpm", "seed_oss", "apertus", "hunyuan_v1_dense", "smollm3", "mixtral", "qwen3_moe",
          "glm4_moe", "qwen2_moe", "olmoe", "phimoe", "granitemoe", "minimax", "minimax_m2", "ernie4_5_moe", "dots1",
-         "bailing_moe")
+         "bailing_moe", "solar_open", "mistral3", "mistral3_ministral3", "pixtral", "qwen2_vl", "qwen3_vl",
+         "qwen3_vl_moe", "minimax_m3_vl")
 TABLE = {
     **{family: {"attention": STANDARD} for family in PLAIN},
     "mistral": WINDOWED,
     "gemma2": {"attention": STANDARD},  # mlx-lm ignores its sliding_window
     "gemma3_text": WINDOWED,
+    # global layers: num_global_key_value_heads 2 x global_head_dim 32; the KV-shared last two: none
+    **{f: {"attention": 2 * 2 * 32 * F32, "sliding": (STANDARD, 8), "none": 0} for f in ("gemma4_text", "gemma4")},
+    "hunyuan": {"attention": STANDARD},  # head_dim = hidden / heads; cross-layer pairs each keep their own cache
+    # ArraysCache(3): two token shifts of 64 and a 4 x 16 x 16 wkv state
+    "rwkv7": {"state": (2 * 64 + 4 * 16 * 16) * F32},
     "gpt_oss": WINDOWED,
     "cohere2": WINDOWED,
     "exaone4": WINDOWED,
@@ -82,6 +88,56 @@ TABLE = {
     "lfm2_moe": {"attention": STANDARD, "state": 2 * 64 * F32},
     # MLA without RoPE layers, Kimi delta attention: 3 convs of 3 x 4x16, float32 state 4 x 16 x 16
     "kimi_linear": {"attention": LATENT, "state": 3 * 3 * 64 * F32 + 4 * 16 * 16 * 4},
+    "ministral3": WINDOWED,
+    "exaone_moe": WINDOWED,
+    "afmoe": WINDOWED,
+    "mistral4": {"attention": LATENT},
+    "glm_moe_dsa": {"attention": LATENT + 2 * 32 * F32},
+    # Kimi delta attention over num_attention_heads (4) x head_dim (16), MLA every 4th layer
+    "bailing_moe_v3": {"attention": LATENT, "state": 3 * 3 * 64 * F32 + 4 * 16 * 16 * 4},
+    # text decoders of multimodal checkpoints
+    "gemma3": WINDOWED,
+    # chunked layers: the 8-token chunk plus one 256-token allocation step
+    "llama4": {"attention": STANDARD, "sliding": (STANDARD, 8 + 256)},
+    "mistral3_mistral4": {"attention": LATENT},
+    "kimi_vl": {"attention": LATENT},
+    "kimi_k25": {"attention": LATENT},
+    "lfm2-vl": {"attention": STANDARD, "state": 2 * 64 * F32},
+    # older / smaller decoders (kv_classic.py); 4 key / value heads of 16 where the family has as
+    # many as query heads (GPT-2 style n_head, phi, gpt_neox, deepseek, qwen, nanochat, Talkie)
+    **{family: {"attention": 2 * STANDARD} for family in ("gpt2", "gpt_neox", "gptj", "phi", "deepseek", "qwen",
+                                                          "nanochat", "talkie")},
+    **{family: {"attention": STANDARD} for family in ("stablelm", "cohere", "dbrx", "granite", "nemotron", "exaone",
+                                                      "ernie4_5", "glm", "helium", "telechat3", "mimo", "Klear",
+                                                      "nanbeige", "openelm", "plamo", "lille-130m")},
+    "gpt_bigcode": {"attention": 1 * (16 + 16) * F32},  # multi-query: one key / value head
+    # MLA decompressed: 4 heads of keys 16 + 16 and values 16
+    "minicpm3": {"attention": 4 * (16 + 16 + 16) * F32},
+    "youtu_llm": {"attention": 4 * (16 + 16 + 16) * F32},
+    "olmo_hybrid": {"attention": STANDARD, "state": 3 * 128 * F32 + 4 * 16 * 16 * 4},
+    # Mamba 1 over intermediate 128: conv 3 x 128, state 128 x 8 (model dtype)
+    "mamba": {"state": (3 * 128 + 128 * 8) * F32},
+    # Mamba 2: conv 3 x (8x16 + 2 x 16), float32 state 8 x 16 x 16
+    "mamba2": {"state": 3 * (128 + 2 * 16) * F32 + 8 * 16 * 16 * 4},
+    # RG-LRU: conv 3 x 64 plus the recurrence 64; local attention of one key / value head over 8 tokens
+    "recurrent_gemma": {"state": (3 * 64 + 64) * F32, "sliding": (1 * 32 * F32, 8)},
+    # Mamba2 of 4 heads x 16, state 16: conv 3 x 64, float32 state 4 x 16 x 16
+    "plamo2": {"attention": STANDARD, "state": 3 * 64 * F32 + 4 * 16 * 16 * 4},
+    "plamo3": WINDOWED,
+    "baichuan_m1": WINDOWED,
+    "mellum": WINDOWED,
+    "spark2_5": WINDOWED,
+    "laguna": WINDOWED,
+    "muse_glimmer": WINDOWED,
+    # lightning attention: a float32 16 x 16 state per head (4)
+    "bailing_moe_linear": {"attention": STANDARD, "state": 4 * 16 * 16 * 4},
+    # conv mixer: the last 2 keys and values
+    "gear": {"attention": STANDARD, "sliding": (STANDARD, 8), "state": 2 * STANDARD},
+    "longcat_flash_ngram": {"attention": 2 * LATENT},
+    "bailing_hybrid": {"attention": LATENT, "state": 4 * 16 * 16 * 4},
+    "phixtral": {"attention": 2 * STANDARD},
+    # attention only where the block has one; n_heads_in_group 2 of 4 heads: 2 key / value heads
+    "nemotron-nas": {"attention": STANDARD, "none": 0},
 }
 
 
@@ -102,6 +158,8 @@ def test_bytes_per_kind(family: str) -> None:
             assert (layer.token_bytes, layer.window) == expected
         elif kind == "attention":
             assert layer.token_bytes == expected
+        elif kind == "none":
+            assert layer.token_bytes == layer.state_bytes == expected
         else:
             assert layer.state_bytes == expected
 

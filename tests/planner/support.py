@@ -5,6 +5,8 @@ from __future__ import annotations
 from orchestrator.engine.support import unsupported_reason
 from orchestrator.models.describe import DTYPE_BYTES, ModelDescription
 from orchestrator.planner import NodeFacts
+from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
+from orchestrator.planner.transport import InterfaceFact
 
 
 def llama_layer_params(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -21,7 +23,8 @@ def llama(*, layers: int = 30, hidden: int = 576, intermediate: int = 1536, head
     elem = DTYPE_BYTES[dtype]
     per_layer = llama_layer_params(hidden, intermediate, heads, kv_heads, head_dim) * elem
     return ModelDescription(
-        name=name, model_type=model_type, architecture=None, unsupported_reason=unsupported_reason({"model_type": model_type}),
+        name=name, model_type=model_type, architecture=None,
+        unsupported_reason=unsupported_reason({"model_type": model_type}),
         num_layers=layers, hidden_size=hidden, vocab_size=vocab, tied_embeddings=tied,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, dtype=dtype, dtype_bytes=elem,
         layer_bytes=layer_bytes if layer_bytes is not None else (per_layer,) * layers,
@@ -57,3 +60,24 @@ def node(i: int, free: int = 8 * GB, *, accelerator: str = "linux-cpu", version:
 def nodes(*free: int, **kw: object) -> list[NodeFacts]:
     """One node per free-memory value, numbered from 0."""
     return [node(i, f, **kw) for i, f in enumerate(free)]  # type: ignore[arg-type]
+
+
+# Network interfaces of a node on a LAN (the transport tests of the planner and the control plane).
+ETH = InterfaceFact(name="eth0", kind="ethernet", speed_mbps=1000, addresses=("192.168.1.10",))
+LO = InterfaceFact(name="lo", kind="loopback", addresses=("127.0.0.1",))
+
+
+def lan_node(i: int, *extra: InterfaceFact, timing: LayerTiming | None = None, **links: LinkCost):
+    """Node i at 192.168.1.(10+i) on eth0, plus `extra` interfaces."""
+    eth = ETH.model_copy(update={"addresses": (f"192.168.1.{10 + i}",)})
+    return node(i, host=f"192.168.1.{10 + i}").model_copy(
+        update={"interfaces": (LO, eth, *extra), "timing": timing, "links": links})
+
+
+def bridge(i: int, *, up: bool = True, addresses: tuple[str, ...] | None = None) -> InterfaceFact:
+    return InterfaceFact(name="bridge0", kind="thunderbolt", up=up,
+                         addresses=addresses if addresses is not None else ("fe80::1", f"169.254.7.{i + 1}"))
+
+
+def rdma_nic(i: int) -> InterfaceFact:
+    return InterfaceFact(name="ib0", kind="infiniband", rdma=True, addresses=(f"10.9.0.{i + 1}",))

@@ -8,10 +8,16 @@ import time
 
 import pytest
 
-from orchestrator.planner import (Plan, PlanSettings, StageCosts, balanced_split, fullest_split, min_max_split,
-                                  plan_cluster)
-
-from .support import GB, llama, nodes, uniform
+from orchestrator.planner import (
+    Plan,
+    PlanSettings,
+    StageCosts,
+    balanced_split,
+    fullest_split,
+    min_max_split,
+    plan_cluster,
+)
+from tests.planner.support import GB, llama, nodes, uniform
 
 SETTINGS = PlanSettings(context_length=2048, max_concurrent_sequences=2)
 
@@ -103,7 +109,7 @@ def test_dynamic_programme_matches_brute_force_on_many_shapes() -> None:
         costs = StageCosts(model, PlanSettings(context_length=8, max_concurrent_sequences=1))
         for stages in range(2, min(layers, 4) + 1):
             for free in itertools.product((1 * GB, 2 * GB, 3 * GB), repeat=stages):
-                def cost(k: int, a: int, b: int) -> float:
+                def cost(k: int, a: int, b: int, costs: StageCosts = costs, free: tuple[int, ...] = free) -> float:
                     return costs.token_bytes(a, b) / free[k]
                 split = min_max_split(layers, stages, cost)
                 assert split is not None

@@ -9,8 +9,7 @@ import pytest
 
 from orchestrator.engine.config import ClusterConfig, load_config
 from orchestrator.planner import Plan, PlanSettings, plan_cluster, plan_to_cluster_config, plan_to_cluster_toml
-
-from .support import llama, node
+from tests.planner.support import llama, node
 
 
 def make_plan(count: int = 2, host: str | None = "127.0.0.1", **settings: object) -> Plan:
@@ -60,3 +59,16 @@ def test_every_node_needs_an_address() -> None:
 def test_invalid_cluster_options_are_rejected() -> None:
     with pytest.raises(ValueError):
         plan_to_cluster_config(make_plan(), "c", no_such_key=1)
+
+
+def test_the_prompt_cache_budget_is_sized_from_each_stage_headroom() -> None:
+    """Half of what weights, working KV and overhead leave free (capped), the tightest stage's in the TOML."""
+    from orchestrator.planner.memory import PROMPT_CACHE_MAX, prompt_cache_budget
+
+    plan = make_plan(2)
+    for s in plan.stages:
+        assert s.prompt_cache_bytes == min((s.free_bytes - s.total_bytes) // 2, PROMPT_CACHE_MAX) > 0
+    config = plan_to_cluster_config(plan, "cache")
+    assert config.cluster.prompt_cache_budget == min(s.prompt_cache_bytes for s in plan.stages)
+    assert plan_to_cluster_config(plan, "off", prompt_cache_bytes=0).cluster.prompt_cache_budget == 0
+    assert prompt_cache_budget(100, 120) == 0 and prompt_cache_budget(1 << 40, 0) == PROMPT_CACHE_MAX

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from orchestrator.agent.schemas import Report
-from orchestrator.planner import Plan, PlanSettings, allocate_ports, engine_version, node_facts_from_report, plan_cluster
-
-from .support import GB, llama, node
+from orchestrator.planner import (
+    Plan,
+    PlanSettings,
+    allocate_ports,
+    engine_version,
+    node_facts_from_report,
+    plan_cluster,
+)
+from tests.planner.support import GB, llama, node
 
 
 def report(**changes: object) -> Report:
@@ -50,7 +56,7 @@ def test_engine_version_marks_missing_packages() -> None:
 
 
 def test_coordinator_node_gets_three_ports_in_design_order() -> None:
-    """Coordinator identity first, then stage 0, then HTTP (README: coordinator 39600, stage-0 39601)."""
+    """Coordinator identity first, then stage 0, then HTTP (docs/configuration.md: coordinator 39600, stage-0 39601)."""
     allocation, issues = allocate_ports([node(0), node(1)], PlanSettings())
     assert issues == [] and allocation is not None
     assert (allocation.coordinator_port, allocation.stage_ports, allocation.http_port) == (39600, (39601, 39600), 39602)
@@ -79,5 +85,6 @@ def test_plan_lists_ports_per_node() -> None:
     plan = plan_cluster(llama(), [node(0, host="127.0.0.1"), node(1, host="127.0.0.1")], PlanSettings())
     assert isinstance(plan, Plan)
     assert plan.ports == {"n0": (39600, 39601, 39602), "n1": (39603,)}
-    assert (plan.coordinator.node_id, plan.coordinator.transport_port, plan.coordinator.http_port) == ("n0", 39600, 39602)
+    coordinator = plan.coordinator
+    assert (coordinator.node_id, coordinator.transport_port, coordinator.http_port) == ("n0", 39600, 39602)
     assert [s.transport_port for s in plan.stages] == [39601, 39603]

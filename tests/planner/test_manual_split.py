@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, WarningCode, check_split, plan_cluster
-
-from .support import GB, llama, nodes
+from tests.planner.support import GB, llama, nodes
 
 MODEL = llama()  # 30 layers
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, StageCosts, kv_cache_bytes, kv_tokens, plan_cluster
-
-from .support import GB, llama, nodes, uniform
+from tests.planner.support import GB, llama, nodes, uniform
 
 # 4 layers of 1000 bytes, embedding 500 (vocab 10: 50 bytes a row), norm 10, head 300;
 # KV: 2 (k, v) x 2 heads x 4 dims x 4 bytes = 64 bytes per token per layer.

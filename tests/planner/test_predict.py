@@ -6,10 +6,19 @@ import pytest
 
 from orchestrator.planner import PlanSettings, plan_cluster
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
-from orchestrator.planner.predict import (COORDINATOR_MS, HEADER_BYTES, RESULT_BYTES, StageSpec, aggregate_tps,
-                                          bottleneck, decode_ms_1, predict, single_node_verdict, ttft_s)
-
-from .support import GB, llama, node, uniform
+from orchestrator.planner.predict import (
+    COORDINATOR_MS,
+    HEADER_BYTES,
+    RESULT_BYTES,
+    StageSpec,
+    aggregate_tps,
+    bottleneck,
+    decode_ms_1,
+    predict,
+    single_node_verdict,
+    ttft_s,
+)
+from tests.planner.support import GB, llama, node, uniform
 
 # 1 ms per layer alone, 1 ms at batch 1 with base threads, 2 ms for 8 rows; no head; 0.1 ms
 # per prompt token per layer.
@@ -173,7 +182,7 @@ def test_order_follows_the_fastest_links():
     assert [s.node_id for s in plan.stages] == ["n0", "n2", "n1", "n3"]  # avoids both wifi pairs
 
 
-# Measured per-step paths (engine/profile_step.py): 0.5 ms a step for a stage passing hidden
+# Measured per-step paths (engine/profiling/step.py): 0.5 ms a step for a stage passing hidden
 # states on, 1 ms for the last stage, 2 ms for the coordinator at 1 row; 4, 8 and 9 ms at 8.
 PATHS = T.model_copy(update={"step_ms_b1": 0.5, "step_ms_bB": 4.0, "last_step_ms_b1": 1.0, "last_step_ms_bB": 8.0,
                              "coordinator_ms_b1": 2.0, "coordinator_ms_bB": 9.0})

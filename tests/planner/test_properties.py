@@ -9,10 +9,8 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.planner import (Plan, PlanSettings, Refusal, RefusalCode, StageCosts, balanced_split,
-                                  plan_cluster)
-
-from .support import node, uniform
+from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, StageCosts, balanced_split, plan_cluster
+from tests.planner.support import node, uniform
 
 
 @st.composite

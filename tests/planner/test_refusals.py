@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, StageCosts, plan_cluster
-
-from .support import GB, llama, node, nodes, uniform
+from tests.planner.support import GB, llama, node, nodes, uniform
 
 MODEL = llama()  # SmolLM2-like, 30 layers, ~538 MB in float32
 SMALL = PlanSettings(context_length=1024, max_concurrent_sequences=1)
@@ -119,7 +118,8 @@ def test_stage_refusal_shows_the_closest_attempt() -> None:
 
 
 @pytest.mark.parametrize("model,kwargs,why", [
-    (llama(model_type="gpt_neox"), {}, "model family 'gpt_neox' is not verified exact"),
+    (llama(model_type="bert"), {}, "model family 'bert' is not verified exact"),
+    (llama(model_type="afm7"), {}, "model family 'afm7': AFM's last num_kv_reuse_layers layers attend"),
     # The agent could not describe it (an unknown family's tensors are laid out differently):
     # the report's registry verdict still gives the real reason, not a format complaint.
     (None, dict(mlx_format=False, format_reason="no tensors for layer(s) 0-11",

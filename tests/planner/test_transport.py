@@ -7,29 +7,10 @@ from __future__ import annotations
 from orchestrator.planner import Plan, PlanSettings, Refusal, plan_cluster, plan_to_cluster_config
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.result import RefusalCode
-from orchestrator.planner.transport import InterfaceFact, plan_transport
+from orchestrator.planner.transport import plan_transport
+from tests.planner.support import bridge, lan_node, llama, rdma_nic
 
-from .support import llama, node
-
-ETH = InterfaceFact(name="eth0", kind="ethernet", speed_mbps=1000, addresses=("192.168.1.10",))
-LO = InterfaceFact(name="lo", kind="loopback", addresses=("127.0.0.1",))
 T = LayerTiming(layer_ms_b1_solo=1.0, layer_ms_b1=1.0, layer_ms_bB=2.0, batch=8, prefill_ms_per_token=0.1)
-
-
-def lan_node(i: int, *extra: InterfaceFact, timing: LayerTiming | None = None, **links: LinkCost):
-    """Node i at 192.168.1.(10+i) on eth0, plus `extra` interfaces."""
-    eth = ETH.model_copy(update={"addresses": (f"192.168.1.{10 + i}",)})
-    return node(i, host=f"192.168.1.{10 + i}").model_copy(
-        update={"interfaces": (LO, eth, *extra), "timing": timing, "links": links})
-
-
-def bridge(i: int, *, up: bool = True, addresses: tuple[str, ...] | None = None) -> InterfaceFact:
-    return InterfaceFact(name="bridge0", kind="thunderbolt", up=up,
-                         addresses=addresses if addresses is not None else ("fe80::1", f"169.254.7.{i + 1}"))
-
-
-def rdma_nic(i: int) -> InterfaceFact:
-    return InterfaceFact(name="ib0", kind="infiniband", rdma=True, addresses=(f"10.9.0.{i + 1}",))
 
 
 def test_tcp_binds_where_the_registry_reaches_each_node() -> None:

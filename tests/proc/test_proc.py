@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import time
 
@@ -108,3 +109,17 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_free_ports_lie_below_the_ephemeral_range_where_no_outgoing_connection_takes_them():
+    from orchestrator.proc import ports
+
+    top = ports._ephemeral_start()
+    port = ports.free_port()
+    assert ports.LOWEST <= port < top and ports.port_free(port)
+    first, last = ports.free_port_block(5)
+    assert last == first + 4 and last < top and all(ports.port_free(p) for p in range(first, last + 1))
+    with socket.socket() as held:  # a port taken is never offered
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        assert ports.free_port_block(5, prefer=first)[0] != first

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.local import LocalPipeline
+from orchestrator.engine.local_pipeline import LocalPipeline
+
 
 @pytest.fixture(scope="session")
 def coordinators(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalPipeline]]:
@@ -29,7 +30,7 @@ def coordinators(test_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     def start(p: LocalPipeline) -> None:
         try:
             p.start()
-        except BaseException as exc:  # reported below, with the child's output
+        except BaseException as exc:  # noqa: BLE001 (reported below, with the child's output)
             errors.append(exc)
 
     threads = [threading.Thread(target=start, args=(p,)) for p in pipelines]

@@ -6,8 +6,8 @@ import threading
 import time
 
 from orchestrator import logs
-from orchestrator.router.config import BackendConfig, HealthChecks
 from orchestrator.proc import wait_until
+from orchestrator.router.config import BackendConfig, HealthChecks
 from orchestrator.router.health import BackendHealth, HealthChecker, ProbeResult, next_delay, observe
 
 S = HealthChecks(interval=10, unhealthy_threshold=3, healthy_threshold=2)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from orchestrator.engine.local import LocalPipeline
+from orchestrator.engine.local_pipeline import LocalPipeline
 from orchestrator.proc import wait_until
 from tests.support.router import write_yaml
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -22,38 +20,25 @@ import requests
 
 from orchestrator.proc import wait_until
 from tests.support.router import write_yaml
+from tests.support.stub_http import StubHandler, StubServer
 
 EVENTS = [b'data: {"n": 1, "text": "caf\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
 GAP = 0.4  # seconds between two events of the scripted stream
 
 
-class _Scripted(BaseHTTPRequestHandler):
+class _Scripted(StubHandler):
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *args: object) -> None:
-        pass
+    def do_GET(self) -> None:
+        self.reply(200, json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode())
 
-    def do_GET(self) -> None:  # noqa: N802 — health probe
-        data = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.received.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
         mode = body.get("mode")
         if mode == "limited":
             data = b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": "x"}}'
-            self.send_response(429, "Too Many")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Retry-After", "7")
-            self.send_header("X-Backend", "scripted")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(429, data, headers={"Retry-After": "7", "X-Backend": "scripted"}, reason="Too Many")
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -72,19 +57,16 @@ class _Scripted(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def scripted() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-    server.daemon_threads = True
+def scripted() -> Iterator[StubServer]:
+    server = StubServer(_Scripted)
     server.received, server.sent_at = [], []
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with server:
+        yield server
 
 
 @pytest.fixture
 def router(scripted, start_router, tmp_path: Path):
-    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    url = scripted.url
     cfg = write_yaml(tmp_path / "router.yaml", {"backends": [{"name": "s", "url": url, "models": ["scripted"]}],
                                                 "health_checks": {"interval": "0.2s", "healthy_threshold": 1}})
     r = start_router(cfg)
@@ -127,3 +109,34 @@ def test_a_backend_breaking_off_mid_stream_ends_with_an_error_event(router):
     assert "broke off" in error["message"] and error["type"] == "server_error"
     assert len(lines) == 2
     assert requests.get(router.url + "/health", timeout=5).status_code == 200  # the router is fine
+
+
+def test_a_broken_off_anthropic_stream_ends_with_anthropics_error_event(router):
+    resp = requests.post(router.url + "/v1/messages", json={"model": "scripted", "stream": True, "mode": "break"},
+                         stream=True, timeout=10)
+    lines = [line for line in resp.iter_lines() if line]
+    assert lines[0] == EVENTS[0].strip() and lines[1] == b"event: error"  # the anthropic client reads named events
+    body = json.loads(lines[2].removeprefix(b"data: "))
+    assert body["type"] == "error" and body["error"]["type"] == "api_error" and "broke off" in body["error"]["message"]
+
+
+def test_a_broken_off_responses_stream_ends_with_an_error_event(router):
+    resp = requests.post(router.url + "/v1/responses", json={"model": "scripted", "stream": True, "mode": "break"},
+                         stream=True, timeout=10)
+    lines = [line for line in resp.iter_lines() if line]
+    assert lines[1] == b"event: error"
+    body = json.loads(lines[2].removeprefix(b"data: "))
+    # The Responses error event's fields, and OpenAI's "error" member the openai client raises on.
+    assert body["type"] == "error" and body["code"] == "bad_gateway" and "broke off" in body["message"]
+    assert body["error"]["type"] == "server_error"
+
+
+def test_the_routers_own_errors_on_the_messages_api_are_in_anthropics_shape(router):
+    r = requests.post(router.url + "/v1/messages", json={"model": "unknown", "max_tokens": 1, "messages": []},
+                      timeout=10)
+    assert r.status_code == 404
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error"
+    r = requests.post(router.url + "/v1/messages/count_tokens", json={"messages": []}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"] == {"type": "invalid_request_error",
+                                                          "message": 'model: the request needs a "model" (see GET '
+                                                                     '/v1/models)'}

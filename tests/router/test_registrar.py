@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote
@@ -24,6 +23,7 @@ from orchestrator.registrar import (
     registrar_from_settings,
 )
 from orchestrator.router.config import load_config
+from tests.support.stub_http import StubHandler, StubServer
 
 OPERATOR_FILE = """\
 server:
@@ -123,7 +123,7 @@ def test_concurrent_registrations_from_threads_and_objects_all_land(tmp_path: Pa
             for k in range(4):
                 reg.register(f"c{i}-{k}", f"http://127.0.0.1:{1000 + i * 10 + k}", ["m"])
             reg.deregister(f"c{i}-0")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 (collected and raised by the test)
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
@@ -160,19 +160,11 @@ def test_write_is_atomic_replace_with_fsync(tmp_path: Path, monkeypatch: pytest.
     assert path.stat().st_mode & 0o777 == mode
 
 
-class _FakeAdmin(BaseHTTPRequestHandler):
+class _FakeAdmin(StubHandler):
     """A stand-in for continuum-router's admin API: records every request, keeps backends."""
 
-    def log_message(self, *args: object) -> None:
-        pass
-
     def _answer(self, status: int, body: object = None) -> None:
-        data = json.dumps(body if body is not None else {}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(status, json.dumps(body if body is not None else {}).encode())
 
     def _handle(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -201,17 +193,14 @@ class _FakeAdmin(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def admin_server() -> Iterator[ThreadingHTTPServer]:
+def admin_server() -> Iterator[StubServer]:
     """continuum-router itself is not installable here (it ships inside Backend.AI GO), so the
     admin registrar is tested against this fake at the true external seam: an HTTP server that
     records method, path, headers and body of each request."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeAdmin)
+    server = StubServer(_FakeAdmin)
     server.seen, server.backends, server.expect = [], {}, {}
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with server:
+        yield server
 
 
 @pytest.mark.parametrize("auth, header, value", [
@@ -221,7 +210,7 @@ def admin_server() -> Iterator[ThreadingHTTPServer]:
 ])
 def test_admin_registrar_sends_the_right_requests(admin_server, auth, header, value):
     admin_server.expect = {header: value}
-    url = f"http://127.0.0.1:{admin_server.server_address[1]}"
+    url = admin_server.url
     reg = AdminApiRegistrar(url, auth, list_path="/api/admin/backends", create_path="/api/admin/backends",
                             item_path="/api/admin/backends/{name}")
     reg.register("cluster a", "http://127.0.0.1:39600", ["smollm2"])
@@ -246,7 +235,7 @@ def test_admin_registrar_sends_the_right_requests(admin_server, auth, header, va
 
 def test_admin_registrar_defaults_and_errors(admin_server):
     admin_server.expect = {"authorization": "Bearer right"}
-    url = f"http://127.0.0.1:{admin_server.server_address[1]}"
+    url = admin_server.url
     reg = registrar_from_settings({"kind": "admin_api", "url": url, "auth": {"type": "bearer", "token": "wrong"}})
     with pytest.raises(RegistrarError, match="401 \\(check the admin credentials\\)"):
         reg.register("a", "http://127.0.0.1:1", ["m"])

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.agent.client import AgentClient
-from orchestrator.agent.local import LocalAgent
+from orchestrator.agent.local_agent import LocalAgent
 from orchestrator.proc import ChildError
 
 STARTUP_TIMEOUT = 20.0

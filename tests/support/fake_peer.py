@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+
+from tests.support.stub_http import StubHandler, StubServer
 
 Behaviour = Callable[["FakePeerHandler"], None]
 
@@ -26,12 +26,12 @@ class FakePeer:
     sent: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    server: ThreadingHTTPServer | None = None
+    server: StubServer | None = None
 
     @property
     def url(self) -> str:
         assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return self.server.url
 
     def start(self) -> "FakePeer":
         peer = self
@@ -39,32 +39,26 @@ class FakePeer:
         class Handler(FakePeerHandler):
             fake = peer
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True, name="fake-peer").start()
+        self.server = StubServer(Handler).start()
         return self
 
     def close(self) -> None:
         self.stop.set()
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
 
     def paths(self) -> list[str]:
         with self.lock:
             return [p for p, _ in self.requests]
 
 
-class FakePeerHandler(BaseHTTPRequestHandler):
+class FakePeerHandler(StubHandler):
     """Dispatches GETs to the FakePeer's behaviours."""
 
     fake: FakePeer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
-
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         with self.fake.lock:
             self.fake.requests.append((self.path, self.headers.get("Authorization")))
         behaviour = self.fake.behaviours.get(self.path.split("?")[0])
@@ -76,9 +70,12 @@ class FakePeerHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the agent hung up on us: exactly what a capped download should do
 
-    def reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def reply(self, status: int, body: bytes, headers: dict[str, str] | None = None,
+              content_type: str | None = None) -> None:
+        """One whole answer, its body counted as sent (`send`)."""
         self.send_response(status)
-        for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
+        extra = {"Content-Type": content_type} if content_type else {}
+        for k, v in {"Content-Length": str(len(body)), **extra, **(headers or {})}.items():
             self.send_header(k, v)
         self.end_headers()
         self.send(body)

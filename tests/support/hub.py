@@ -30,9 +30,10 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from tests.support.stub_http import StubHandler, StubServer
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".npz")
 
@@ -65,10 +66,9 @@ def repo_from_dir(model_dir: Path, commit_seed: str = "", **kwargs: object) -> R
     return Repo(files=files, commit=h.hexdigest(), **kwargs)  # type: ignore[arg-type]
 
 
-class HubStandIn(ThreadingHTTPServer):
+class HubStandIn(StubServer):
     """The server; start with `start()`, point HF_ENDPOINT at `url`, `close()` at the end."""
 
-    daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, repos: dict[str, Repo] | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -77,24 +77,10 @@ class HubStandIn(ThreadingHTTPServer):
         self.corrupt: dict[tuple[str, str], int] = {}
         self.hold: dict[tuple[str, str], threading.Event] = {}
         self.rate_bps: float | None = None
+        self.listed_size: dict[tuple[str, str], int] = {}  # a lying listing: (repo, file) -> the size it says
         self.requests: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        super().__init__((host, port), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.server_address[0]}:{self.server_address[1]}"
-
-    def start(self) -> "HubStandIn":
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
-                                        name="hub-stand-in")
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self.shutdown()
-        self.server_close()
+        super().__init__(_Handler, host, port)
 
     def gets(self, repo: str, path: str) -> list[str]:
         """The Range headers ("" for none) of every GET of one file so far."""
@@ -117,12 +103,9 @@ class HubStandIn(ThreadingHTTPServer):
             return value
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(StubHandler):
     server: HubStandIn
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
 
     def _send(self, status: int, body: bytes = b"", headers: dict[str, str] | None = None, head: bool = False) -> None:
         self.send_response(status)
@@ -157,9 +140,10 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         siblings = []
         for name, data in repo.files.items():
-            entry: dict[str, object] = {"rfilename": name, "size": len(data), "blobId": git_blob_sha1(data)}
+            size = self.server.listed_size.get((repo_id, name), len(data))
+            entry: dict[str, object] = {"rfilename": name, "size": size, "blobId": git_blob_sha1(data)}
             if name.endswith(LFS_SUFFIXES):
-                entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": size, "pointerSize": 134}
             siblings.append(entry)
         body = {"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": False,
                 "gated": "manual" if repo.gated else False, "disabled": False, "siblings": siblings,
@@ -226,8 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[i:i + step])
             time.sleep(step / rate)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._route(head=False)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._route(head=True)

@@ -13,12 +13,11 @@ from flask.testing import FlaskClient
 
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
-from webapp import create_app
 from tests.support.html import parse
+from tests.webapp.server import Dashboard, start_dashboard
+from tests.webapp.states import rich_state
+from webapp import create_app
 from webapp.auth import AuthStore
-
-from .server import Dashboard, start_dashboard
-from .states import rich_state
 
 
 @dataclass

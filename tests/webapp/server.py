@@ -19,18 +19,11 @@ from pathlib import Path
 
 import requests
 
-from orchestrator.proc import wait_until
+from orchestrator.proc import free_port, wait_until
 from orchestrator.proc.wait import WaitTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT = 60.0  # a loaded 2-core machine imports the web stack slowly
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

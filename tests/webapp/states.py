@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
-from orchestrator.control.launcher import timeline
-from orchestrator.control.state import (DiscoveredNode, Node, NodePreparation, Preparation, PreviewedPlan, Sample,
-                                        Session, Settings, StagePlacement, StageStatus, State)
+from orchestrator.control.state import (
+    DiscoveredNode,
+    Node,
+    NodePreparation,
+    Preparation,
+    PreviewedPlan,
+    Sample,
+    Session,
+    Settings,
+    StagePlacement,
+    StageStatus,
+    State,
+)
+from orchestrator.control.timelines import timeline
 from orchestrator.units import format_bytes
 
 MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
@@ -49,8 +60,8 @@ def plan(kind: str = "plan") -> PreviewedPlan:
                    settings={"context_length": 2048})
         doc["warnings"] = [{"code": "imbalanced", "message": "stage 1 does most of the work"}]
     else:
-        doc["reasons"] = [{"code": "stage_does_not_fit", "message": f"stage 1 needs {format_bytes(800 * MB)}, node-b has "
-                                                                   f"{format_bytes(600 * MB)} free"}]
+        message = f"stage 1 needs {format_bytes(800 * MB)}, node-b has {format_bytes(600 * MB)} free"
+        doc["reasons"] = [{"code": "stage_does_not_fit", "message": message}]
     return PreviewedPlan.model_validate(doc)
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from webapp.authstore import MAX_SESSIONS, AuthStore
-
-from .conftest import Web, csrf_of
+from tests.webapp.conftest import Web, csrf_of
+from webapp.authstore import MAX_ADMIN_SESSIONS, MAX_VIEWER_SESSIONS, AuthStore
 
 
 def test_a_reset_by_another_process_is_seen_at_once_and_never_undone(tmp_path: Path):
@@ -41,11 +40,26 @@ def test_sessions_end_on_close_on_revoke_and_on_expiry(tmp_path: Path):
 def test_logins_cannot_grow_the_file_without_bound(tmp_path: Path):
     store = AuthStore(tmp_path)
     first = store.open_session("admin")
-    for _ in range(MAX_SESSIONS + 5):
+    for _ in range(MAX_ADMIN_SESSIONS + 5):
         store.open_session("admin")
     assert store.session_role(first) is None
-    assert len(AuthStore(tmp_path)._data["sessions"]) == MAX_SESSIONS
+    assert len(AuthStore(tmp_path)._data["sessions"]) == MAX_ADMIN_SESSIONS
     assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_viewer_links_visits_never_end_the_admins_or_another_links_sessions(tmp_path: Path):
+    """Issue 20, item 4: 1,000 cookieless visits of one viewer link filled the global cap and
+    dropped the oldest session, the admin's. Caps are per owner now."""
+    store = AuthStore(tmp_path)
+    admin = store.open_session("admin")
+    other = store.open_session("viewer", "v2")
+    first = store.open_session("viewer", "v1")
+    for _ in range(MAX_VIEWER_SESSIONS + 20):
+        store.open_session("viewer", "v1")
+    assert store.session_role(admin) == "admin" and store.session_role(other) == "viewer"
+    assert store.session_role(first) is None  # only that link's own oldest made room
+    owners = [s.get("viewer") for s in AuthStore(tmp_path)._data["sessions"].values()]
+    assert owners.count("v1") == MAX_VIEWER_SESSIONS
 
 
 def test_revoke_needs_an_admin_and_csrf_and_ends_the_viewers_session(web: Web):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 
 from orchestrator.control.state import Sample
+from tests.webapp.states import cluster
 from webapp.views.charts import WINDOW_S, sparkline, step_chart, throughput_chart
-
-from .states import cluster
 
 
 def coords(path: str) -> list[float]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.html import parse
-
-from .conftest import Web, csrf_of
+from tests.webapp.conftest import Web, csrf_of
 
 GOOD = {"distributed_enabled": "on", "transport_backend": "tcp", "port_start": "39600", "port_end": "39629"}
 

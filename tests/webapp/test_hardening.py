@@ -12,10 +12,9 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 import requests
 
+from tests.webapp.server import ROOT, Dashboard, cli, close_code, read_frames, ws_connect
 from webapp.guard import safe_next
 from webapp.main import ROUTER_TOKEN_ENV, router_admin_token
-
-from .server import ROOT, Dashboard, cli, close_code, read_frames, ws_connect
 
 OFF_SITE = ["//evil.example", "///evil.example", "https://evil.example/x", "http:evil.example", "/\\evil.example",
             "\\\\evil.example", "/\t/evil.example", "/%0a/evil.example".replace("%0a", "\n"), "javascript:alert(1)",
@@ -123,3 +122,33 @@ def test_templates_have_no_inline_script_the_csp_would_block():
         assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), path  # only <script src=...>
         assert not re.search(r"\son[a-z]+\s*=", html), path  # no onclick= and the like
         assert "javascript:" not in html and "hx-on" not in html, path
+
+
+def test_a_flood_of_viewer_link_visits_never_logs_the_admin_out(dashboard: Dashboard):
+    """Issue 20, item 4, on the real dashboard: cookieless visits of one viewer link each open
+    a session; they once filled the global cap and dropped the oldest — the admin's. Now they
+    only replace that link's own oldest sessions."""
+    from webapp.authstore import MAX_VIEWER_SESSIONS
+
+    admin = dashboard.login()
+    r = admin.post(dashboard.url + "/settings/viewer-links", data={"label": "flood"}, timeout=10,
+                   headers={"X-CSRF-Token": dashboard.csrf(admin), "HX-Request": "true"})
+    assert r.status_code == 200, r.text[:300]
+    link = re.search(r"(/viewer/[A-Za-z0-9_-]+)", r.text).group(1)
+    first = requests.Session()
+    assert first.get(dashboard.url + link, allow_redirects=False, timeout=10).status_code == 302
+    assert first.get(dashboard.url + "/api/state", timeout=10).status_code == 200
+    with requests.Session() as visits:  # keep-alive, but no cookie kept: each visit is a new session
+        for _ in range(MAX_VIEWER_SESSIONS + 8):
+            visits.cookies.clear()
+            assert visits.get(dashboard.url + link, allow_redirects=False, timeout=10).status_code == 302
+    assert admin.get(dashboard.url + "/settings", allow_redirects=False, timeout=10).status_code == 200
+    assert first.get(dashboard.url + "/api/state", timeout=10).status_code == 401  # that link's oldest went
+
+
+def test_chat_send_with_json_nested_50000_deep_is_a_400(dashboard: Dashboard):
+    """Issue 20, item 8: `[` x 50,000 gave 500 with a RecursionError."""
+    admin = dashboard.login()
+    r = admin.post(dashboard.url + "/chat/send", data="[" * 50_000, timeout=10,
+                   headers={"X-CSRF-Token": dashboard.csrf(admin), "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text[:300]

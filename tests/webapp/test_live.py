@@ -16,10 +16,9 @@ from werkzeug.serving import make_server
 from orchestrator.control.state import Settings
 from orchestrator.proc import wait_until
 from tests.support.html import parse
+from tests.webapp.conftest import Web
 
-from .conftest import Web
-
-WAIT = 10.0  # seconds: generous for a loaded 2-core machine; each wait ends as soon as its condition holds
+WAIT = 30.0  # seconds: generous for a loaded 2-core machine; each wait ends as soon as its condition holds
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
 from orchestrator.control.state import Session, StagePlacement
 from tests.support.html import parse
+from tests.webapp.conftest import Web, csrf_of
+from tests.webapp.states import node
 from webapp.views.context import ViewContext
 from webapp.views.models import downloads_view, duration, listing_view, models_view
-
-from .conftest import Web, csrf_of
-from .states import node
 
 
 def state_with_models(web_state):
@@ -30,7 +29,10 @@ def state_with_models(web_state):
                                              host="10.0.0.6", port=39600),),
                       coordinator_node="fa", coordinator_host="10.0.0.6", coordinator_port=39601, phase="running",
                       health="Healthy")
-    return web_state.model_copy(update={"nodes": (a, b), "downloads": (dl,), "sessions": (session,)})
+    from orchestrator.control.state import VerifiedCopy
+
+    return web_state.model_copy(update={"nodes": (a, b), "downloads": (dl,), "sessions": (session,),
+                                        "verified": (VerifiedCopy(model_id="tiny", node_id="fa"),)})
 
 
 def test_the_list_names_holders_verification_support_and_what_blocks_an_action(web: Web):
@@ -63,7 +65,7 @@ def test_a_listing_says_what_it_would_fetch_and_what_stops_it():
                          files=[HubFile(path="config.json", size=1000), HubFile(path="w.bin", size=2000)])
     view = listing_view(listing, "node-a")
     assert [f["path"] for f in view["files"]] == ["w.bin", "config.json"] and view["blocking"]
-    assert any("Not an MLX model: PyTorch" in p for p in view["problems"])
+    assert "PyTorch weights only" in view["problems"]  # the listing's own words, not "Not an MLX model: …"
     assert any("Gated repository" in p for p in view["problems"])
     assert any("Too big for node-a" in p for p in view["problems"])
 
@@ -128,3 +130,58 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
     toggles = {i.attrs["value"]: "checked" in i.attrs for i in fresh.by_id("download-nodes").find_all("input")}
     assert toggles == {"fa": True, "fb": False}  # the new node is offered, the user's choice kept
     assert fresh.by_id("download-form").find("input", name="repo_id").attrs["value"] == "org/typed-by-hand"
+
+
+def test_a_holders_session_says_serving_only_once_healthy():
+    from orchestrator.control.state import StageStatus
+    from tests.webapp.states import cluster
+    from webapp.views.sessions import session_state
+
+    running = cluster()
+    assert session_state(running) == "Serving"
+    assert session_state(running.model_copy(update={"stage_status": (StageStatus(alive=True),) * 2})) == "Checking"
+    assert session_state(running.model_copy(update={"phase": "launching", "health": "Starting"})) == "Starting"
+    assert session_state(running.model_copy(update={"phase": "stopping"})) == "Stopping"
+
+
+def test_name_on_the_nodes_is_checked_at_the_field_before_anything_starts(rich):
+    from tests.support.html import parse
+    from tests.webapp.conftest import csrf_of
+
+    admin = rich.client("admin")
+
+    def note(query: str) -> str:
+        r = admin.get("/models/name-check?" + query)
+        assert r.status_code == 200
+        return parse(r.get_data(as_text=True)).by_id("hub-name-note").text
+
+    assert note("repo_id=org/fresh&nodes=n0") == "Saved as fresh on the nodes."
+    # node-a holds smol: taken there, not on node-b
+    assert note("repo_id=org/x&model_id=smol&nodes=n0").startswith(
+        "Name on the nodes: node-a already has a model named smol: delete it first")
+    assert note("repo_id=org/x&model_id=smol&nodes=n1") == "Saved as smol on the nodes."
+    assert note("repo_id=org/x&model_id=../etc&nodes=n1").startswith("Name on the nodes: model name:")
+    # List files refuses it too, before the hub is asked
+    r = admin.post("/models/hub-files", data={"repo_id": "org/x", "model_id": "smol", "nodes": ["n0"]},
+                   headers={"X-CSRF-Token": csrf_of(admin), "HX-Request": "true"})
+    assert r.status_code == 400
+    assert "Name on the nodes: node-a already has a model named smol" in r.get_data(as_text=True)
+    assert rich.client("viewer").get("/models/name-check?repo_id=org/x").status_code == 403
+
+
+def test_a_lan_follower_says_it_waits_for_the_first_node_and_finished_downloads_can_be_cleared(web: Web):
+    state = state_with_models(web.orch.state)
+    dl = state.downloads[0]
+    waiting = dl.model_copy(update={"nodes": (dl.nodes[0].model_copy(update={"status": "downloading"}),
+                                              dl.nodes[1].model_copy(update={"done_bytes": 0}))})
+    rows = downloads_view(state.model_copy(update={"downloads": (waiting,)}), ViewContext(role="admin"))
+    follower = rows["downloads"][0]["nodes"][1]
+    assert follower["label"] == "Waiting" and follower["detail"].startswith("waiting for node-a to download and verify")
+    assert not rows["finished"]
+    # Clear finished: the finished ones go, a running one stays
+    done = dl.model_copy(update={"model_id": "old", "phase": "done"})
+    web.orch._state = state.model_copy(update={"downloads": (done, dl)})
+    admin = web.client("admin")
+    r = admin.post("/models/downloads/clear", headers={"X-CSRF-Token": csrf_of(admin), "HX-Request": "true"})
+    assert r.status_code == 200 and [d.model_id for d in web.orch.state.downloads] == ["tiny"]
+    assert 'data-download="old"' not in r.get_data(as_text=True)

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from webapp.components import COMPONENTS
-
 from tests.support.html import parse
-
-from .conftest import Web, buttons
+from tests.webapp.conftest import Web, buttons
+from webapp.components import COMPONENTS
 
 PAGES = ["/models?tab=distributed", "/models?tab=local", "/sessions", "/chat", "/settings"]
 ACTION_LABELS = {"Save", "Add node", "Register", "Preview shard plan", "Prepare on all nodes", "Launch cluster",
@@ -30,7 +28,7 @@ def test_the_distributed_tab_shows_the_whole_flow(rich: Web):
     for element in ("nodes", "add-node", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"):
         page.by_id(element)
     for label in ("Add node", "Register", "Model", "Preview shard plan", "Prepare on all nodes", "Launch cluster",
-                  "Stop cluster", "Healthy", "Present", "Needs download", "Unsupported: unreachable"):
+                  "Stop cluster", "Healthy", "Verified", "Needs download", "Unsupported: unreachable"):
         assert label in page.text, label
     # only display components are live: forms are never pushed under the user's hands
     live = page.find("main").attrs["ws-connect"].split("components=")[1].split(",")
@@ -104,4 +102,5 @@ def test_every_component_renders_alone_for_a_websocket_push(rich: Web):
             if c.live:
                 element = parse(render(c.name, rich.orch.state, ViewContext(role="viewer"), oob=True)).by_id(c.name)
                 assert element.attrs["hx-swap-oob"] == "true"
-    assert {c.name for c in COMPONENTS if not c.live} == {"settings-form", "add-node", "cluster-form", "download-form"}
+    assert {c.name for c in COMPONENTS if not c.live} == {"settings-form", "add-node", "cluster-form", "download-form",
+                                                          "serve-settings"}

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.control.decide import serving_conflict
 from orchestrator.control.state import NodePreparation, Preparation, StageStatus
 from orchestrator.units import format_bytes
 from tests.support.html import parse
-from webapp.views.cluster import form_view, monitor_view, prepare_view, serving_conflict
+from tests.webapp.conftest import Web, csrf_of
+from tests.webapp.states import MB, cluster, plan, report, rich_state
+from webapp.views.cluster import form_view, monitor_view, prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.sessions import shown_health
-
-from .conftest import Web, csrf_of
-from .states import MB, cluster, plan, report, rich_state
 
 CTX = ViewContext(role="admin")
 
@@ -34,8 +34,8 @@ def test_node_toggles_the_node_list_and_the_plan_all_say_gib_and_mib(rich: Web):
     page = parse(rich.client("admin").get("/models?tab=distributed").get_data(as_text=True))
     (toggle,) = [label for label in page.by_id("cluster-form").find_all("label")
                  if label.find_all("input", value="n0")]
-    assert "1.07 GiB free" in toggle.text
-    assert "1.07 GiB free" in page.by_id("nodes").find("li", data_node="node-a").text
+    assert "1.07 GiB memory free" in toggle.text
+    assert "1.07 GiB memory free" in page.by_id("nodes").find("li", data_node="node-a").text
     card = page.by_id("plan-preview")
     assert "needs 800 MiB, 600 MiB free · 200 MiB short" in card.text
     for text in (toggle.text, page.by_id("nodes").text, card.text, page.by_id("prepare-status").text):
@@ -77,11 +77,12 @@ def test_launch_is_disabled_with_the_reason_while_the_selected_nodes_serve_the_m
                        nodes=(NodePreparation(node_id="n0", status="present"),
                               NodePreparation(node_id="n1", status="present")))
     rich.orch._state = state.model_copy(update={"preparation": prep})
-    assert form_view(rich.orch.state, CTX)["launch_ready"]  # prepared: only the serving cluster stands in the way
+    # prepared: only the serving cluster stands in the way
+    assert form_view(rich.orch.state, CTX)["choose"](None)["blocked"] == reason
     page = parse(rich.client("admin").get("/models?tab=distributed").get_data(as_text=True))
     (launch,) = page.by_role("button", "Launch cluster")
     assert launch.disabled and launch.attrs["title"] == reason
-    assert page.by_id("launch-why").text == reason + "."
+    assert page.by_id("launch-why").text == "Launch waits: " + reason + "."
 
 
 def test_pressing_launch_anyway_is_refused_in_words_and_the_running_plan_stays(rich: Web):

@@ -1,6 +1,6 @@
 """The evented stack (gevent worker) keeps what the threaded one did: zeroconf discovery runs
 inside the dashboard process (its asyncio loop must not leak into other greenlets, see
-webapp.greenio) and the process warns about nothing it patched too late."""
+webapp.asyncio_bridge) and the process warns about nothing it patched too late."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import requests
 
 from orchestrator.proc import wait_until
 from orchestrator.proc.wait import WaitTimeout
-
-from .server import ROOT, free_port, start_dashboard
+from tests.webapp.server import ROOT, free_port, start_dashboard
 
 
 def test_discovery_finds_an_agent_under_the_gevent_worker(tmp_path: Path):

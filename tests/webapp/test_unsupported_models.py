@@ -10,11 +10,9 @@ from pathlib import Path
 from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
-
 from tests.support.html import Element, parse
-
-from .conftest import Web, make_web
-from .states import rich_state
+from tests.webapp.conftest import Web, make_web
+from tests.webapp.states import rich_state
 
 VLM_REASON = "llava is a multimodal model; pipeserve serves text-only decoders"
 MODELS = [

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from tests.webapp.states import cluster, failed_cluster, plan, rich_state
 from webapp.views.cluster import form_view, launch_summary, monitor_view, prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.plan import fit_bar, plan_view
-
-from .states import cluster, failed_cluster, plan, rich_state
 
 MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
 CTX = ViewContext(role="viewer")
@@ -56,7 +55,8 @@ def test_the_monitor_shows_the_live_cluster_else_the_last_ended_one():
 def test_the_form_shows_the_plans_choice_and_launch_waits_for_preparation():
     v = form_view(rich_state(), CTX)
     assert v["selected_model"] == "smol" and v["selected_nodes"] == ["n0", "n1"] and v["context"] == 2048
-    assert [m["id"] for m in v["unsupported"]] == ["big.gguf"] and not v["launch_ready"]
+    assert [m["id"] for m in v["unsupported"]] == ["big.gguf"]
+    assert v["choose"](None)["blocked"].startswith("node-a and node-b already serve smol")
     assert [n["support"] for n in v["nodes"]][:2] == ["Supported", "Supported"]
     assert v["nodes"][2]["support"].startswith("Unsupported: unreachable")
 
@@ -95,3 +95,136 @@ def test_live_components_refresh_on_the_events_that_touch_them():
               "model-downloads": downloads | {"node_registered", "node_removed"}}
     for name, kinds in before.items():
         assert kinds <= live[name], f"{name} no longer refreshes on {kinds - live[name]}"
+
+
+def test_the_form_answers_for_the_users_own_selection_and_a_hub_repo_chooses_its_model():
+    from werkzeug.datastructures import MultiDict
+
+    from orchestrator.control.state import NodePreparation, Preparation
+
+    st = rich_state().model_copy(update={"sessions": (), "preparation": Preparation(
+        model_id="smol", finished=True,
+        nodes=tuple(NodePreparation(node_id=n, status="present") for n in ("n0", "n1")))})
+    choose = form_view(st, CTX)["choose"]
+    form = MultiDict([("model", "smol"), ("nodes", "n0"), ("nodes", "n1"), ("context_length", "2048")])
+    assert choose(form)["blocked"] is None and choose(form)["context"] == 2048
+    # a Hub repo typed last chooses its model, offered before any node has it
+    typed = form.copy()
+    typed["hub_repo"], typed["changed"] = "mlx-community/Other-4bit", "hub_repo"
+    c = choose(typed)
+    assert c["model"] == "Other-4bit" and c["hub_option"] == "Other-4bit" and c["hub_note"] == ""
+    assert c["blocked"].startswith("Preview shard plan of Other-4bit on node-a, node-b at 2048 tokens first")
+    # the model chosen after it: the repo disagrees, said at the field and by Launch
+    typed["changed"] = "model"
+    c = choose(typed)
+    assert c["model"] == "smol" and c["hub_note"].startswith("Hub repo mlx-community/Other-4bit is the model Other")
+    assert c["blocked"] == c["hub_note"]
+    typed["hub_repo"], typed["changed"] = "not a repo", "hub_repo"
+    assert choose(typed)["hub_note"].startswith("Hub repo: hub repo id 'not a repo'")
+
+
+def test_stage_cards_during_a_launch_say_what_the_launch_saw():
+    from webapp.views.sessions import stage_rows
+
+    s = cluster(phase="launching", health="Starting")
+    states = {"stage-0.start": "done", "stage-0.listen": "done", "stage-1.start": "done"}
+    steps = tuple(t.model_copy(update={"state": states.get(t.key, "pending")}) for t in s.timeline)
+    rows = stage_rows(s.model_copy(update={"timeline": steps, "stage_status": ()}))
+    assert [(r["alive"], r["listening"]) for r in rows] == [(True, True), (True, None)]
+    # the watcher's own look wins once it has one
+    from orchestrator.control.state import StageStatus
+
+    seen = s.model_copy(update={"timeline": steps, "stage_status": (StageStatus(alive=False, port_listening=False),)})
+    assert (stage_rows(seen)[0]["alive"], stage_rows(seen)[0]["listening"]) == (False, False)
+
+
+def test_the_pending_prediction_says_what_is_measured_on_which_node():
+    from webapp.views.plan import measuring_text
+
+    st = rich_state()  # node-a holds smol, nothing measured yet
+    assert measuring_text(st, "smol", ["n0", "n1"]) == (
+        "Predicted performance: measuring the links between node-a, node-b; timing smol's layers on node-a "
+        "(a minute or more on a busy machine)…")
+    assert "no selected node holds other yet" in measuring_text(st, "other", ["n0", "n1"])
+
+
+def test_a_prediction_that_contradicts_itself_is_flagged_and_the_verdict_is_always_said():
+    from orchestrator.planner.predict import Performance, Point
+    from webapp.views.perf import performance_view
+
+    def perf(one: float, four: float) -> Performance:
+        return Performance(decode_tps_1=one, ms_per_token_1=1000 / one, compute_ms_1=1.0,
+                           aggregate_tps=(Point(x=1, y=one), Point(x=4, y=four)), ttft_s=(Point(x=1024, y=942.72),),
+                           stage_ms_1=(1.0,), boundaries=(), bottleneck="stage 0")
+
+    odd = performance_view(perf(0.5, 23.9))  # the figures: 48x at 4 requests
+    assert odd["inconsistent"].startswith("23.9 tok/s at 4 requests is 48x the 0.5 tok/s of one request")
+    assert performance_view(perf(10.0, 36.0))["inconsistent"] == ""
+    assert odd["ttft"][0]["seconds"] == "15 min 43 s"  # not "942.72 s"
+    assert odd["single_node"].startswith("no selected node could hold the whole model alone")
+
+
+def test_a_link_too_fast_to_measure_says_so_with_the_figure_the_plan_uses():
+    from orchestrator.agent.perf_schemas import LinkSample
+    from webapp.views.perf import link_matrix
+
+    st = rich_state()
+    a, b = st.nodes[0], st.nodes[1]
+
+    def with_link(lower: bool):
+        s = LinkSample(node_id=b.id, url=b.url, rtt_ms=0.004, http_rtt_ms=0.4, bandwidth_Bps=9.8304e9,
+                       bandwidth_lower_bound=lower)
+        na = a.model_copy(update={"report": a.report.model_copy(update={"links": [s]})})
+        return link_matrix(st.model_copy(update={"nodes": (na, b)}), [a.id, b.id])["rows"][0][1]["text"]
+
+    assert with_link(True) == "0.00 ms · too fast to measure (≥ 78.64 Gbit/s)"
+    assert with_link(False) == "0.00 ms · 78.64 Gbit/s"
+
+
+def test_the_link_matrix_and_the_plan_take_the_round_trip_on_the_transports_path():
+    from orchestrator.agent.perf_schemas import LinkSample
+    from orchestrator.control.measured import links_of
+    from webapp.views.perf import link_matrix
+
+    st = rich_state()
+    a, b = st.nodes[0], st.nodes[1]
+    # behind a user-space relay the kernel sees 0.05 ms to the relay; the framed echo sees the 4 ms
+    s = LinkSample(node_id=b.id, url=b.url, rtt_ms=0.05, http_rtt_ms=0.4, path_rtt_ms=4.2, path="10.78.0.2:39629",
+                   bandwidth_Bps=1.25e8)
+    na = a.model_copy(update={"report": a.report.model_copy(update={"links": [s]})})
+    cell = link_matrix(st.model_copy(update={"nodes": (na, b)}), [a.id, b.id])["rows"][0][1]
+    assert cell["text"] == "4.20 ms · 1.00 Gbit/s" and "on the transport path to 10.78.0.2:39629" in cell["title"]
+    assert links_of(na, {a.id, b.id})[b.id].rtt_ms == 4.2  # the same figure for the boundary table
+    older = s.model_copy(update={"path_rtt_ms": None, "path": ""})  # a peer without the echo: the kernel's
+    assert older.plan_rtt_ms == 0.05
+
+
+def test_layers_timed_on_a_busy_machine_are_said_to_make_a_doubtful_prediction():
+    from orchestrator.agent.perf_schemas import ComputeProfile
+    from webapp.views.plan import busy_timing
+
+    st = rich_state()
+    a = st.nodes[0]
+
+    def timed(load: float, b1: float = 1, doubt: str = "", tries: int = 1) -> str:
+        p = ComputeProfile(model_id="smol", layer_ms_b1_solo=1, layer_ms_b1=b1, layer_ms_bB=1, prefill_ms_per_token=1,
+                           load=load, cpus=2, doubt=doubt, tries=tries)
+        na = a.model_copy(update={"report": a.report.model_copy(update={"compute": [p]})})
+        return busy_timing(st.model_copy(update={"nodes": (na, *st.nodes[1:])}), "smol", ["n0", "n1"])
+
+    assert timed(3.2).startswith("measured on a busy machine: node-a's timing of the layers (load 3.2 on 2 CPUs)")
+    assert timed(0.4) == ""
+    # one row timed slower than eight (an older agent's profile, no doubt of its own): the same rule says so
+    assert "a step of 8 rows timed faster" in timed(0.4, b1=2)
+    # the agent's doubt after its retries, with how many timings it took
+    said = timed(0.4, doubt="load 3.0 on 2 CPUs", tries=3)
+    assert "(load 3.0 on 2 CPUs, still after 3 timings)" in said and "not to be trusted" in said
+
+
+def test_a_stage_card_shows_its_prompt_cache():
+    from orchestrator.control.state import StageCache
+    from webapp.views.sessions import cache_text
+
+    assert cache_text(None) is None
+    text = cache_text(StageCache(entries=2, bytes=3 * MB, hits=1, tokens_reused=2048))
+    assert text.startswith("2 entries · ") and "1 hit · 2,048 tokens reused" in text

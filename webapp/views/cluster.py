@@ -6,15 +6,16 @@ import hashlib
 import json
 from typing import Any
 
-from orchestrator.control.decide import serving_conflict
+from orchestrator.control.commands import CommandRefused
+from orchestrator.control.selection import Selection, hub_conflict, launch_blocker, preparation_label
 from orchestrator.control.state import NodePreparation, Session, State
+from webapp.views.charts import throughput_chart
+from webapp.views.context import ViewContext
+from webapp.views.format import percent, rate, size, unsupported_text
+from webapp.views.sessions import shown_health, stage_rows
 
-from .charts import throughput_chart
-from .context import ViewContext
-from .format import percent, rate, size, unsupported_text
-from .sessions import shown_health, stage_rows
-
-PREPARE_LABELS = {"checking": "Checking", "present": "Present", "needs_download": "Needs download",
+# one vocabulary with Models → Local: a copy checked file by file against the reference is Verified
+PREPARE_LABELS = {"checking": "Checking", "present": "Verified", "needs_download": "Needs download",
                   "mismatch": "Mismatch", "downloading": "Downloading", "failed": "Failed"}
 
 
@@ -43,12 +44,56 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     nodes = [{"id": n.id, "name": n.name, "support": _support(n, common),
               "free_memory": size(n.report.memory.free_bytes) if n.report else "–"} for n in state.nodes]
     chosen_model, chosen_nodes, context = _current_choice(state)
-    return {"enabled": state.settings.distributed_enabled, "models": sorted(models.values(), key=lambda m: m["id"]),
+    offered = sorted(models.values(), key=lambda m: m["id"])
+    return {"enabled": state.settings.distributed_enabled, "models": offered,
             "nodes": nodes, "unsupported": [m for m in models.values() if not m["supported"]],
             "selected_model": chosen_model, "selected_nodes": chosen_nodes, "context": context,
-            "launch_ready": state.preparation is not None and state.preparation.ready,
             # the template asks about the choice it shows (the plan's, or the user's own input)
-            "launch_blocked": lambda model, node_ids: serving_conflict(state, model, list(node_ids))}
+            "choose": lambda form: choice_view(state, form, offered)}
+
+
+def hub_model_of(repo: str) -> tuple[str, str]:
+    """The model id a Hub repo field gives on the nodes, and what is wrong with the field ("" if
+    nothing; no model id then)."""
+    from orchestrator.control.models import default_model_id, parse_hub_ref
+
+    if not repo.strip():
+        return "", ""
+    try:
+        return default_model_id(parse_hub_ref(repo).repo_id), ""
+    except CommandRefused as exc:
+        return "", f"Hub repo: {exc}"
+
+
+def selection_from(state: State, form: Any) -> Selection:
+    """The selection the form shows: the user's input (`form`, the request's values), else the
+    plan's (or preparation's) choice. A Hub repo just typed (the form's `changed` field names
+    the control the user changed last) chooses the model it downloads."""
+    if form is None:
+        model, node_ids, context = _current_choice(state)
+        return Selection(model, tuple(node_ids), context)
+    repo = (form.get("hub_repo") or "").strip()
+    hub_model, _ = hub_model_of(repo)
+    model = (form.get("model") or "").strip() or None
+    if hub_model and (form.get("changed") == "hub_repo" or model is None):
+        model = hub_model
+    raw = (form.get("context_length") or "").strip()
+    context = int(raw) if raw.isdigit() else 4096
+    return Selection(model, tuple(n for n in form.getlist("nodes") if n), context, repo, hub_model)
+
+
+def choice_view(state: State, form: Any, offered: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the form shows for one selection: the choice, the hub model offered when no node has
+    it yet, the hub repo's disagreement, and why Launch waits (control/selection.py)."""
+    chosen = selection_from(state, form)
+    _, hub_error = hub_model_of(chosen.hub_repo)
+    known = {m["id"] for m in offered}
+    return {"model": chosen.model_id, "nodes": list(chosen.node_ids), "context": chosen.context_length,
+            "hub_repo": chosen.hub_repo,
+            # the hub's model, offered (and chosen) before any node has it: Prepare downloads it
+            "hub_option": chosen.hub_model_id if chosen.hub_model_id and chosen.hub_model_id not in known else "",
+            "hub_note": hub_error or hub_conflict(chosen) or "",
+            "blocked": launch_blocker(state, chosen)}
 
 
 def options_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -57,6 +102,10 @@ def options_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     again with the user's own input (components.py, cluster_options.html)."""
     facts = {k: v for k, v in form_view(state, ctx).items() if not callable(v)}
     facts["serving"] = [(s.model_id, s.node_ids) for s in state.sessions]
+    # why Launch waits depends on the preparation and on a refused plan too
+    prep, plan = state.preparation, state.plan
+    facts["prep"] = prep and (prep.model_id, [n.node_id for n in prep.nodes], prep.finished, prep.ready)
+    facts["plan"] = plan and (plan.model_id, plan.node_ids, plan.context_length, plan.result.kind)
     blob = json.dumps(facts, sort_keys=True, default=str).encode()
     return {"digest": hashlib.sha256(blob).hexdigest()[:16]}
 
@@ -73,7 +122,8 @@ def _current_choice(state: State) -> tuple[str | None, list[str], int]:
 
 
 def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
-    """Per-node Present / Needs download / Mismatch with progress."""
+    """Per-node Verified / Needs download / Mismatch with progress, and which selection it is of
+    (the page marks it stale beside another choice: static/app.js)."""
     prep = state.preparation
     if prep is None:
         return {"prep": None}
@@ -91,7 +141,8 @@ def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             for p in prep.nodes]
     return {"prep": {"model": prep.model_id, "rows": rows, "finished": prep.finished, "ready": prep.ready,
                      "error": prep.error, "present": sum(p.status == "present" for p in prep.nodes),
-                     "total": len(prep.nodes)}}
+                     "total": len(prep.nodes), "node_ids": ",".join(n.node_id for n in prep.nodes),
+                     "label": preparation_label(state, prep)}}
 
 
 def _progress(p: NodePreparation) -> dict[str, Any]:

@@ -27,3 +27,15 @@ def unsupported_text(model: ModelInfo) -> str:
     if model.supported:
         return ""
     return f"Unsupported: {model.unsupported_reason or model.reason or 'not an MLX model directory'}"
+
+
+def duration(seconds: float | None) -> str:
+    """Time left as "45 s", "3 min 20 s", "1 h 5 min" ("–" when unknown)."""
+    if seconds is None:
+        return "–"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"

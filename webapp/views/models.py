@@ -7,28 +7,16 @@ import json
 from typing import Any
 
 from orchestrator.agent.hub import HubListing
-from orchestrator.control.download_events import verified_holders
 from orchestrator.control.download_state import ModelDownload
 from orchestrator.control.state import State
-
-from .context import ViewContext
-from .format import percent, rate, size, unsupported_text
+from orchestrator.control.verification import verified_copy
+from webapp.views.context import ViewContext
+from webapp.views.format import duration, percent, rate, size, unsupported_text
+from webapp.views.sessions import session_state
 
 STATUS_LABELS = {"waiting": "Waiting", "downloading": "Downloading", "copying": "Copying", "verified": "Verified",
                  "failed": "Failed", "cancelled": "Cancelled"}
 PHASE_LABELS = {"running": "Running", "done": "Done", "failed": "Failed", "cancelled": "Cancelled"}
-
-
-def duration(seconds: float | None) -> str:
-    """Time left as "45 s", "3 min 20 s", "1 h 5 min" ("–" when unknown)."""
-    if seconds is None:
-        return "–"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def _format(m: Any) -> str:
@@ -40,7 +28,11 @@ def models_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     """One row per model id, with every node that holds it (verified or not) and what can be done there."""
     serving = {(s.model_id, nid): s.name for s in state.sessions if s.phase not in ("stopped", "failed")
                for nid in s.node_ids}
+    # "Serving" only once healthy with its facts (sessions.shown_health); before that what it does
+    state_of = {(s.model_id, nid): session_state(s) for s in state.sessions if s.phase not in ("stopped", "failed")
+                for nid in s.node_ids}
     downloading = {(d.model_id, n.node_id) for d in state.downloads if not d.finished for n in d.nodes}
+    checks = {(c.model_id, c.node_id): c for c in state.checks}
     rows: dict[str, dict[str, Any]] = {}
     for node in state.nodes:
         for m in (node.report.models if node.report else []):
@@ -48,11 +40,12 @@ def models_view(state: State, ctx: ViewContext) -> dict[str, Any]:
                 "id": m.id, "family": m.model_type or m.family or "–", "architecture": m.family or "",
                 "format": _format(m), "size": size(m.total_bytes), "layers": m.num_layers,
                 "supported": m.supported, "reason": unsupported_text(m), "holders": []})
-            verified = node.id in verified_holders(state, m.id)
+            copy = verified_copy(state, m.id, node.id)
             session = serving.get((m.id, node.id))
             row["holders"].append({
-                "node_id": node.id, "node": node.name, "verified": verified, "reachable": node.status == "reachable",
-                "session": session,
+                "node_id": node.id, "node": node.name, "verified": copy is not None, "how": copy.how if copy else "",
+                "check": checks.get((m.id, node.id)), "reachable": node.status == "reachable",
+                "session": session, "session_state": state_of.get((m.id, node.id), ""),
                 # what the buttons say when they cannot act
                 "serve_blocked": unsupported_text(m) or (f"serving as {session}" if session else "")
                 or ("" if node.status == "reachable" else "node unreachable"),
@@ -62,11 +55,26 @@ def models_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     return {"models": sorted(rows.values(), key=lambda r: r["id"].lower()), "any_nodes": bool(state.nodes)}
 
 
-def _download_row(d: ModelDownload, names: dict[str, str]) -> dict[str, Any]:
+def serve_settings_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """The defaults Serve on this node starts with: the plan form's context length and concurrency."""
+    return {"context": 4096, "concurrency": 4}
+
+
+def _download_row(d: ModelDownload, names: dict[str, str], state: State) -> dict[str, Any]:
     nodes = []
     for n in d.nodes:
+        # history: a copy verified then, deleted (or changed) since, is not called Verified now
+        label, detail = STATUS_LABELS[n.status], n.detail
+        if n.status == "verified" and d.finished and verified_copy(state, d.model_id, n.node_id) is None:
+            label = "Verified, since deleted or changed"
+        # a LAN follower copies each file once the first node verified it: before the first, it waits
+        first = d.nodes[0]
+        if n.status == "copying" and n.done_bytes == 0 and n is not first and first.status != "verified":
+            label = "Waiting"
+            detail = detail or (f"waiting for {names.get(first.node_id, first.node_id[:8])} to download and verify "
+                                "a first file: each file is copied once it is verified there")
         nodes.append({"node_id": n.node_id, "node": names.get(n.node_id, n.node_id[:8]), "status": n.status,
-                      "label": STATUS_LABELS[n.status], "source": n.source, "detail": n.detail,
+                      "label": label, "source": n.source, "detail": detail,
                       "percent": percent(n.done_bytes, n.total_bytes or d.total_bytes),
                       "bytes": f"{size(n.done_bytes)} / {size(n.total_bytes or d.total_bytes)}",
                       # rate and time left once measured (a job's first second has neither)
@@ -82,8 +90,8 @@ def _download_row(d: ModelDownload, names: dict[str, str]) -> dict[str, Any]:
 def downloads_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     """Every download still running, then the recent finished ones (newest first)."""
     names = {n.id: n.name for n in state.nodes}
-    rows = [_download_row(d, names) for d in reversed(state.downloads)]
-    return {"downloads": sorted(rows, key=lambda r: not r["running"])}
+    rows = [_download_row(d, names, state) for d in reversed(state.downloads)]
+    return {"downloads": sorted(rows, key=lambda r: not r["running"]), "finished": any(not r["running"] for r in rows)}
 
 
 def download_form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -103,7 +111,8 @@ def listing_view(listing: HubListing, node_name: str) -> dict[str, Any]:
     """The hub's file list before anything is fetched, and whether it can be downloaded."""
     problems = []
     if not listing.mlx:
-        problems.append(f"Not an MLX model: {listing.reason}")
+        reason = listing.reason or "not an MLX repository"  # it says so itself: not "Not an MLX model: … not MLX"
+        problems.append(reason[0].upper() + reason[1:])
     elif listing.unsupported_reason:
         problems.append(f"Unsupported: {listing.unsupported_reason}")
     if listing.gated and not listing.token:

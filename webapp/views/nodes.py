@@ -6,14 +6,16 @@ from typing import Any
 
 from orchestrator.control.state import State
 from orchestrator.control.transitions import serving_node_ids
-
-from .context import ViewContext
-from .format import size, unsupported_text
+from webapp.views.context import ViewContext
+from webapp.views.format import size, unsupported_text
+from webapp.views.sessions import session_state
 
 
 def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     """Rows for the node table and the discovered list."""
     busy = serving_node_ids(state)
+    # what the node's sessions do there: Serving only once healthy, Stopping as soon as stopped
+    doing = {nid: session_state(s) for s in state.sessions for nid in s.node_ids}
     rows = []
     for n in state.nodes:
         r = n.report
@@ -24,7 +26,7 @@ def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "models": [{"id": m.id, "supported": m.supported, "reason": unsupported_text(m)} for m in r.models]
                       if r else [],
             "version": r.version if r else "–",
-            "serving": n.id in busy,
+            "serving": n.id in busy, "session_state": doing.get(n.id, ""),
         })
     discovered = [{"fingerprint": d.fingerprint, "name": d.name, "url": d.url, "accelerator": d.accelerator,
                    "address": d.url.split("://", 1)[-1]} for d in state.discovered]

@@ -6,6 +6,7 @@ from typing import Any
 
 from orchestrator.control.state import Node, State
 from orchestrator.planner.predict import Performance
+from webapp.views.format import duration
 
 
 def _cell(node: Node, peer: Node) -> dict[str, Any] | None:
@@ -17,12 +18,17 @@ def _cell(node: Node, peer: Node) -> dict[str, Any] | None:
         return None
     if s.error:
         return {"error": s.error, "text": "failed", "title": s.error}
-    rtt = s.rtt_ms if s.rtt_ms is not None else s.http_rtt_ms
+    rtt = s.plan_rtt_ms  # the figure the plan's boundary table takes too
     gbps = (s.bandwidth_Bps or 0) * 8 / 1e9
+    # the planner takes the same figure (a lower bound when too fast to measure): one number for both tables
+    rate = f"too fast to measure (≥ {gbps:.2f} Gbit/s)" if s.bandwidth_lower_bound else f"{gbps:.2f} Gbit/s"
+    title = ""
+    if rtt is not None and s.http_rtt_ms:
+        title = (f"round trip {rtt:.3f} ms (HTTP {s.http_rtt_ms:.2f} ms), throughput {rate}"
+                 f"{', via ' + s.interface if s.interface else ''}"
+                 f"{', on the transport path to ' + s.path if s.path else ''}")
     return {"rtt_ms": rtt, "http_rtt_ms": s.http_rtt_ms, "gbps": gbps, "interface": s.interface, "at": s.at,
-            "text": f"{rtt:.2f} ms · {gbps:.2f} Gbit/s" if rtt is not None else f"{gbps:.2f} Gbit/s",
-            "title": f"round trip {rtt:.3f} ms (HTTP {s.http_rtt_ms:.2f} ms), throughput {gbps:.2f} Gbit/s"
-                     f"{', via ' + s.interface if s.interface else ''}" if rtt is not None and s.http_rtt_ms else ""}
+            "text": f"{rtt:.2f} ms · {rate}" if rtt is not None else rate, "title": title}
 
 
 def link_matrix(state: State, node_ids: list[str] | None = None) -> dict[str, Any]:
@@ -36,16 +42,45 @@ def link_matrix(state: State, node_ids: list[str] | None = None) -> dict[str, An
             "measured": any(c for r in rows for c in r)}
 
 
+def seconds_text(seconds: float) -> str:
+    """A predicted time: "0.42 s", "12.3 s", and from a minute on "15 min 42 s" (not "942.72 s")."""
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return duration(seconds)
+
+
+BATCH_SLACK = 1.25  # N requests yield at most about N x one request's rate (one step serves all N)
+
+
+def inconsistency(perf: Performance) -> str:
+    """Why the prediction contradicts itself ("" when it does not): N requests batched into one
+    step cannot yield much more than N times one request's rate; a figure beyond that comes from
+    layer timings disturbed by a busy machine, and is flagged rather than shown as fact."""
+    one = perf.decode_tps_1
+    for p in perf.aggregate_tps:
+        if one > 0 and p.x > 1 and p.y > BATCH_SLACK * p.x * one:
+            return (f"{p.y:.1f} tok/s at {p.x:g} requests is {p.y / one:.0f}x the {one:.1f} tok/s of one request, "
+                    f"more than {p.x:g} requests can give: the layers were probably timed on a busy machine. "
+                    "Preview again when it is quieter; until then these figures are not to be trusted")
+    return ""
+
+
 def performance_view(perf: Performance | None) -> dict[str, Any] | None:
     """The plan's predicted performance (planner/predict.Performance) in words and numbers."""
     if perf is None:
         return None
     agg = [{"requests": p.x, "tps": f"{p.y:.1f}"} for p in perf.aggregate_tps]
-    ttft = [{"prompt": f"{p.x // 1024}k" if p.x % 1024 == 0 else str(p.x), "seconds": f"{p.y:.2f}"}
+    ttft = [{"prompt": f"{p.x // 1024}k" if p.x % 1024 == 0 else str(p.x), "seconds": seconds_text(p.y)}
             for p in perf.ttft_s]
     return {"decode_1": f"{perf.decode_tps_1:.1f}", "ms_per_token": f"{perf.ms_per_token_1:.1f}",
             "compute_ms": f"{perf.compute_ms_1:.1f}", "aggregate": agg, "ttft": ttft,
-            "bottleneck": perf.bottleneck, "single_node": perf.single_node,
+            "inconsistent": inconsistency(perf),
+            # the verdict at every context: without one, no selected node could hold the model alone
+            "bottleneck": perf.bottleneck, "single_node": perf.single_node
+            or "no selected node could hold the whole model alone at this context and concurrency: the split is the "
+               "way to serve it",
             "automatic": perf.automatic, "note": perf.timing_note,
             "boundaries": [{"source": b.source, "target": b.target, "link": b.link, "interface": b.interface,
                             "measured": b.measured, "ms": f"{b.ms_per_token:.2f}"} for b in perf.boundaries]}

@@ -5,30 +5,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.control.perf import holds, missing
+from orchestrator.control.selection import plan_label
 from orchestrator.control.state import State
 from orchestrator.planner import Plan
+from orchestrator.planner.timing_doubt import profile_doubt
 from orchestrator.planner.transport import TransportPlan
-
-from .context import ViewContext
-from .format import size
-from .perf import link_matrix, performance_view
+from webapp.views.context import ViewContext
+from webapp.views.format import size
+from webapp.views.perf import link_matrix, performance_view
 
 PARTS = (("weights", "weight_bytes", "weights"), ("kv", "kv_cache_bytes", "KV cache"),
-         ("overhead", "overhead_bytes", "overhead"))
+         ("overhead", "overhead_bytes", "overhead"), ("cache", "prompt_cache_bytes", "prompt cache"))
 
 
-def fit_bar(weights: int, kv: int, overhead: int, free: int) -> dict[str, Any]:
-    """A memory-fit bar: weights, KV cache and overhead against the node's free memory.
+def fit_bar(weights: int, kv: int, overhead: int, free: int, cache: int = 0) -> dict[str, Any]:
+    """A memory-fit bar: weights, KV cache and overhead against the node's free memory, and the
+    prompt-cache budget (sized from the headroom, so it never decides the fit) when there is one.
 
     The bar spans the larger of what the stage needs and what the node has free, so a stage
     that does not fit shows how far it overshoots the free-memory mark. Percentages are of
     that span; `used_percent` is the need as a share of the free memory.
     """
     total = weights + kv + overhead
-    span = max(total, free, 1)
-    values = {"weights": weights, "kv": kv, "overhead": overhead}
+    span = max(total + cache, free, 1)
+    values = {"weights": weights, "kv": kv, "overhead": overhead, "cache": cache}
     segments = [{"kind": kind, "label": label, "bytes": size(values[kind]),
-                 "percent": round(100 * values[kind] / span, 2)} for kind, _, label in PARTS]
+                 "percent": round(100 * values[kind] / span, 2)} for kind, _, label in PARTS
+                if kind != "cache" or cache]
     fits = total <= free
     return {"segments": segments, "free_percent": round(100 * free / span, 2), "fits": fits,
             "total": size(total), "free": size(free), "used_percent": round(100 * total / free) if free else None,
@@ -50,17 +54,56 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "stage": s.stage, "node": s.node_name, "layers": f"{s.first_layer}–{s.last_layer}",
             "layer_count": count, "map_percent": round(100 * count / layers_total, 2) if layers_total else 0,
             "coordinator": s.runs_coordinator, "port": s.transport_port,
-            "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes),
+            "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes, s.prompt_cache_bytes),
         })
     plan = result if isinstance(result, Plan) else None
     issues = plan.warnings if plan is not None else result.reasons
     return {"plan": {"kind": result.kind, "refused": plan is None, "model": shown.model_id,
+                     # which selection it is of: the page marks it stale beside another choice (static/app.js)
+                     "node_ids": ",".join(shown.node_ids), "label": plan_label(state, shown),
                      "context": shown.context_length, "stages": stages, "layers_total": layers_total,
                      "issues": [i.message for i in issues],
                      # measured links between the selected nodes and the prediction (views/perf.py)
                      "links": link_matrix(state, list(shown.node_ids)),
                      "performance": performance_view(plan.performance if plan is not None else None),
-                     "transport": transport_view(plan.transport if plan is not None else None)}}
+                     "transport": transport_view(plan.transport if plan is not None else None),
+                     "measuring": measuring_text(state, shown.model_id, list(shown.node_ids)),
+                     "busy": busy_timing(state, shown.model_id, list(shown.node_ids))}}
+
+
+def busy_timing(state: State, model_id: str, node_ids: list[str]) -> str:
+    """Which selected node's timing of the model's layers the busy-machine rule doubts ("" when
+    none): planner/timing_doubt.py, the rule the agent already timed again by (agent/compute.py).
+    The plan card then says the prediction was measured on a busy machine instead of stating it."""
+    said = []
+    for nid in node_ids:
+        node = state.node(nid)
+        p = next((c for c in node.report.compute if c.model_id == model_id), None) if node and node.report else None
+        doubt = (p.doubt or profile_doubt(p)) if p is not None else ""
+        if doubt:
+            tries = f", still after {p.tries} timings" if p is not None and p.tries > 1 else ""
+            said.append(f"{node.name}'s timing of the layers ({doubt}{tries})")  # type: ignore[union-attr]
+    if not said:
+        return ""
+    return (f"measured on a busy machine: {' and '.join(said)}. The figures below are not to be trusted; "
+            "time them again on a quieter machine (Prepare or Preview after the load has gone)")
+
+
+def measuring_text(state: State, model_id: str, node_ids: list[str]) -> str:
+    """What the prediction still waits for, by name: which links are measured, and which node times
+    the model's layers (control/perf.py measures after a preview, then previews again)."""
+    nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
+    if len(nodes) != len(node_ids):
+        return "Predicted performance: waiting for every selected node to report."
+    links, timing = missing(nodes, model_id)
+    parts = []
+    if links:
+        parts.append(f"measuring the links between {', '.join(n.name for n in nodes)}")
+    if timing:
+        holder = next((n for n in nodes if holds(n, model_id)), None)
+        parts.append(f"timing {model_id}'s layers on {holder.name} (a minute or more on a busy machine)" if holder
+                     else f"no selected node holds {model_id} yet to time its layers: prepare it, then preview again")
+    return "Predicted performance: " + ("; ".join(parts) if parts else "computing from the measurements") + "…"
 
 
 def transport_view(t: TransportPlan | None) -> dict[str, Any] | None:

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from typing import Any
 
-from orchestrator.control.state import Fault, Session, StageProgress, State
-
-from .charts import step_chart, throughput_chart
-from .context import ViewContext
+from orchestrator.control.state import Fault, Session, StageCache, StageProgress, State
+from webapp.views.charts import step_chart, throughput_chart
+from webapp.views.context import ViewContext
+from webapp.views.format import size
 
 
 def stage_rows(s: Session) -> list[dict[str, Any]]:
     """Per-stage breakdown shared by the live monitor and the Cluster stages tab."""
     rows = []
     ended = s.phase in ("stopped", "failed")  # what was last seen is history: the processes are gone
+    steps = {t.key: t.state for t in s.timeline}
     for st in s.stages:
         status = s.stage_status[st.index] if st.index < len(s.stage_status) else None
+        # during the launch, before the watcher's first look: what the launch saw (started, listening)
+        launching = s.phase == "launching"
+        started = launching and steps.get(f"stage-{st.index}.start") == "done"
+        listened = launching and steps.get(f"stage-{st.index}.listen") == "done"
+        alive = status.alive if status is not None and status.alive is not None else (True if started else None)
+        listening = status.port_listening if status is not None and status.port_listening is not None \
+            else (True if listened else None)
         rows.append({
             "index": st.index, "node": st.node_name, "layers": f"{st.first_layer}–{st.last_layer}",
             "port": st.port,
-            "alive": None if status is None else status.alive,
-            "listening": None if status is None else status.port_listening,
+            "alive": alive,
+            "listening": listening,
             "step_ms": None if status is None or status.step_ms is None or ended else round(status.step_ms, 2),
             "detail": "" if status is None else (status.fault or status.detail),
             "progress": None if status is None or ended else progress_text(status.progress),
+            "prompt_cache": None if status is None or ended else cache_text(status.prompt_cache),
             "chart": step_chart(s, st.index), "ended": ended,
         })
     return rows
+
+
+def cache_text(c: StageCache | None) -> str | None:
+    """A stage card's prompt-cache line: entries, bytes, hits, tokens not prefilled again."""
+    if c is None:
+        return None
+    return (f"{c.entries} entr{'y' if c.entries == 1 else 'ies'} · {size(c.bytes)} · {c.hits} hit"
+            f"{'' if c.hits == 1 else 's'} · {c.tokens_reused:,} tokens reused")
 
 
 def shown_health(s: Session) -> str:
@@ -37,10 +56,20 @@ def shown_health(s: Session) -> str:
     has looked at its processes; until every stage is seen alive and listening the badge says
     "Checking" (the stage cards would still say "not seen yet" beside a Healthy badge).
     """
+    if s.phase == "stopping":  # a stop keeps the last health, but it no longer serves
+        return "Stopping"
     if s.health != "Healthy":
         return s.health
     seen = [s.stage_status[st.index] if st.index < len(s.stage_status) else None for st in s.stages]
     return "Healthy" if all(x is not None and x.alive and x.port_listening for x in seen) else "Checking"
+
+
+def session_state(s: Session) -> str:
+    """What a session does on its nodes, in one word: "Serving" only once healthy with its facts."""
+    if s.phase == "running":
+        health = shown_health(s)
+        return "Serving" if health == "Healthy" else health
+    return {"launching": "Starting"}.get(s.phase, s.phase.capitalize())
 
 
 def progress_text(p: StageProgress | None) -> str | None:
@@ -78,6 +107,13 @@ def session_row(s: Session) -> dict[str, Any]:
             "phase": s.phase, "reason": s.reason, "url": s.url, "stages": stage_rows(s),
             "throughput": throughput_chart(s), "config": s.config_toml, "faults": fault_rows(s),
             "nodes": ", ".join(dict.fromkeys(st.node_name for st in s.stages))}
+
+
+def chat_models_view(state: State, ctx: ViewContext) -> dict[str, Any]:
+    """A digest of the sessions the router may serve (name, phase, registration, health): when it
+    changes, the Chat page asks the router for its models again."""
+    facts = sorted((s.model_name, s.phase, s.registered, s.health) for s in state.sessions)
+    return {"digest": hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]}
 
 
 def sessions_view(state: State, ctx: ViewContext) -> dict[str, Any]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.control.state import State
-
-from .context import ViewContext
+from webapp.views.context import ViewContext
 
 TRANSPORTS = (
     ("tcp", "tcp — works everywhere"),

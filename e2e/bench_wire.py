@@ -1,0 +1,92 @@
+"""Wire bytes per token per stage boundary: the planner's figure against the frames a stage sends.
+
+`python -m e2e.bench_wire` builds each family's tiny test model, runs the first stage of a
+split at every boundary the engine allows over a 40-token prompt and one decoded token, and
+encodes the decode step's frame exactly as a stage does (engine/tensors.py, engine/wire.py).
+It prints one row per boundary: the planner's bytes per token (planner/memory.py
+`wire_bytes_per_token` plus the 36-byte header) and the measured frame. Then the planner's
+figures for published Gemma 4 E2B and Hunyuan-Large shapes (bfloat16). docs/families.md keeps
+the table.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie")
+PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
+
+# Published shapes (config keys as their config.json gives them), for the planner's column only.
+PUBLISHED = {
+    "Gemma 4 E2B": {"model_type": "gemma4_text", "hidden_size": 1536, "num_hidden_layers": 35,
+                    "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 20, "sliding_window_pattern": 5},
+    "Hunyuan-Large": {"model_type": "hunyuan", "hidden_size": 6400, "num_hidden_layers": 64, "use_cla": True,
+                      "cla_share_factor": 2, "num_attention_heads": 80, "num_key_value_heads": 8},
+}
+
+
+def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
+    """(family, boundary, planned, measured) bytes per decoded token, header included."""
+    import mlx.core as mx
+
+    from orchestrator.engine import wire
+    from orchestrator.engine.stage.carry import Carry
+    from orchestrator.engine.stage.shard import StageModel
+    from orchestrator.engine.tensors import to_frame
+    from orchestrator.models.describe import describe_model
+    from orchestrator.planner.memory import wire_bytes_per_token
+    from orchestrator.testmodels.families import build_family_model
+
+    rows = []
+    for family in FAMILIES:
+        model_dir = build_family_model(root / family, family)
+        description = describe_model(model_dir)
+        for b in range(1, description.num_layers):
+            if b in description.refused_boundaries:
+                continue
+            stage = StageModel(model_dir, 0, b)
+            cache = stage.make_cache()
+            mx.eval(stage.forward(mx.array(PROMPT)[None], cache))
+            out = stage.forward(mx.array([7])[None], cache)
+            mx.eval(out)
+            frame = to_frame(1, len(PROMPT), out.h, extras=out.extras) if isinstance(out, Carry) else to_frame(
+                1, len(PROMPT), out)
+            planned = wire_bytes_per_token(description, b) + wire.HEADER_SIZE
+            rows.append((family, b, planned, len(wire.encode(frame))))
+    return rows
+
+
+def published_rows() -> list[tuple[str, int, int]]:
+    """(shape, boundary, planned bytes per token with the header) at a few boundaries."""
+    from orchestrator.engine import support, wire
+    from orchestrator.models.describe import _boundary_bytes
+
+    out = []
+    for name, cfg in PUBLISHED.items():
+        n = cfg["num_hidden_layers"]
+        per = _boundary_bytes(cfg, n, cfg["hidden_size"], 2)
+        refused = support.shared_kv_cuts(cfg)
+        for b in sorted({1, n // 4, n // 4 + 1, n // 2 - 1, n // 2 + 1} - set(refused)):
+            out.append((name, b, per[b - 1] + wire.HEADER_SIZE))
+    return out
+
+
+def main() -> int:
+    """Print both tables (markdown)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = measured_rows(Path(tmp))
+    print("| family (test model, float32) | boundary before layer | planned bytes/token | measured frame bytes |")
+    print("|---|---:|---:|---:|")
+    for family, b, planned, measured in rows:
+        print(f"| {family} | {b} | {planned:,} | {measured:,} |")
+    print("\n| published shape (bfloat16) | boundary before layer | planned bytes/token |")
+    print("|---|---:|---:|")
+    for name, b, planned in published_rows():
+        print(f"| {name} | {b} | {planned:,} |")
+    return 0 if all(p == m for _, _, p, m in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

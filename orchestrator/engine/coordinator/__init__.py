@@ -1,0 +1,1 @@
+"""The coordinator: the pipeline's HTTP API (OpenAI, Anthropic, Responses), its scheduler, its links to stages."""

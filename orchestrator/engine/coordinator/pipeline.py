@@ -1,0 +1,416 @@
+"""The coordinator's scheduler: drives requests through the stages and keeps them busy.
+
+One thread owns all scheduling state and is fed by one inbox (submissions and
+cancellations from HTTP threads, frames and link events from the stage links). Prefill is
+sent in `prefill_step_size` chunks exactly as `mlx_lm.generate_step` does; decode steps of
+ready requests are grouped into micro-batches, with up to one group in flight per stage so
+that every stage works on a different group at the same time. Watching the stages (pings,
+wedges, the readiness probe, a moved stage) is the other half of the thread: `liveness`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from orchestrator.engine.config import ClusterConfig
+from orchestrator.engine.coordinator.disk_adoption import DiskAdoption
+from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
+from orchestrator.engine.coordinator.generation import (
+    Failed,
+    Finished,
+    Generation,
+    GenerationParams,
+    NotReady,
+    TokenEvent,
+)
+from orchestrator.engine.coordinator.links import StageLink, now
+from orchestrator.engine.coordinator.liveness import TICK, Liveness
+from orchestrator.engine.coordinator.metrics import Metrics
+from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
+from orchestrator.engine.coordinator.prompt_caching import PromptCaching
+from orchestrator.engine.coordinator.speculation import Speculating
+from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
+from orchestrator.engine.stage.sampling import decode_result
+from orchestrator.engine.tensors import tokens_frame
+from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
+from orchestrator.logs import EventLogger
+
+
+@dataclass
+class _Active:
+    gen: Generation
+    rid: int
+    position: int = 0
+    generated: int = 0
+    next_token: int = 0
+    cancelled: bool = False
+    internal: bool = False  # the readiness probe or the idle canary: never counted as a request
+    canary: bool = False
+    opened: Frame | None = None  # its OPEN frame, sent ahead of its first chunk
+    tokens: list[int] | None = None  # generated so far (what a prompt-cache entry of it covers)
+    reuse: Reuse | None = None  # the prompt-cache entry it started from
+    lookup: Lookup | None = None  # its prompt and output, indexed for drafting (None: it never speculates)
+    length: DraftLength | None = None  # how many tokens it drafts next
+
+
+class Pipeline(Liveness, PromptCaching, Speculating):
+    """Coordinator-side engine over the configured stages."""
+
+    def __init__(self, config: ClusterConfig, secret: bytes, eos_ids: set[int], context_length: int,
+                 log: EventLogger, metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.eos_ids = set(eos_ids)
+        self.context_length = context_length
+        self.log = log
+        self.metrics = metrics or Metrics([s.id for s in config.stages])
+        self.prefill_step = config.cluster.prefill_step_size
+        self.max_batch = config.cluster.max_batch
+        self.max_requests = config.cluster.max_requests
+        self._inbox: queue.Queue = queue.Queue()
+        self.links = [
+            StageLink(i, s.id, s.host_port, secret, config.cluster.max_frame_bytes, self._inbox, log)
+            for i, s in enumerate(config.stages)
+        ]
+        # scheduler-thread state
+        self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 32)
+        self._active: dict[int, _Active] = {}
+        self._ready: list[int] = []
+        self._group_of: dict[int, int] = {}
+        self._group_left: dict[int, int] = {}
+        self._group_ids = itertools.count(1)
+        self._passes: dict[int, list[int]] = {}  # request -> [drafted, RESULTs received] of its pass in flight
+        self.speculative_tokens = config.cluster.speculative_tokens
+        # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
+        # to drive verification through chosen accepts and rejections.
+        self.draft_source: Callable[[list[int], int], list[int]] | None = None
+        # Draft only in steps of one request: a verification chunk runs outside the batched decode, and at
+        # 4 concurrent requests drafting in every step halved the aggregate (docs/benchmark.md). Tests turn
+        # it off to drive steps that mix speculating and plain requests.
+        self.speculate_alone = True
+        self._last_seen: dict[int, float] = {}
+        self._last_ping = 0.0
+        self._last_tick = 0.0
+        self._last_probe = 0.0
+        self._probe_answer: int | None = None
+        self._probe_firsts: list[int] = []
+        self._stats: dict[int, dict] = {}
+        self.watchdog = Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s))
+        self._wedged: dict[int, str] = {}  # stage index -> why; cleared when its connection goes
+        self._canary_every = canary_interval()
+        self._last_busy = now()
+        self._state, self._reason = "starting", "connecting to stages"
+        self._state_changed = threading.Condition()  # wakes `/health?wait=` long polls (liveness.wait_while)
+        self._stop = threading.Event()
+        # Entry ids start at a random base, like request ids: a stage never confuses two sessions' entries.
+        self.cache = PrefixIndex(len(self.links), config.cluster.prompt_cache_budget,
+                                 first_id=int.from_bytes(os.urandom(3), "little") << 32)
+        # The disk tier: saves carry their tokens (the stages write files), and once ready the
+        # index learns the files every stage holds (a restarted stage comes back warm).
+        self._disk = self.cache.enabled and config.cluster.prompt_cache_disk_bytes > 0
+        self._adoption = DiskAdoption(len(self.links), self.cache.budget)
+        self.health = self._snapshot()
+
+    # --- public, any thread -------------------------------------------------------------
+    def start(self) -> None:
+        """Start the links and the scheduler thread."""
+        for link in self.links:
+            link.start()
+        threading.Thread(target=self._run, name="scheduler", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop everything; in-flight requests fail."""
+        self._inbox.put(("stop",))
+
+    def reroute(self, index: int, address: tuple[str, int]) -> None:
+        """Stage `index` now listens at `address` (it was restarted on another node; engine/stage_address.py)."""
+        self._inbox.put(("reroute", index, address))
+
+    def submit(self, prompt: list[int], params: GenerationParams, marks: tuple[int, ...] = ()) -> Generation:
+        """Queue a request; raises NotReady if the pipeline is not healthy. `marks`: prompt positions
+        where a prompt-cache checkpoint pays (the end of the system prompt), for caches that cannot trim."""
+        if not self.health.ready:
+            raise NotReady(f"pipeline is {self.health.state}: {self.health.reason}")
+        gen = Generation(prompt, params, self._inbox, marks)
+        self._inbox.put(("submit", gen, False))
+        return gen
+
+    # --- scheduler thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get(timeout=TICK)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                if item[0] == "stop":
+                    self._shutdown()
+                    return
+                self._dispatch_event(item)
+            self._tick()
+
+    def _dispatch_event(self, item: tuple) -> None:
+        what = item[0]
+        if what == "frames":
+            self._on_frames(item[1], item[2])
+        elif what == "submit":
+            self._admit(item[1], internal=item[2])
+        elif what == "cancel":
+            self._cancel(item[1])
+        elif what == "link_up":
+            self._on_link_up(item[1], item[2])
+        elif what == "reroute":
+            self._on_reroute(item[1], item[2])
+        elif what == "link_down":
+            if self.links[item[1]].conn is item[2]:
+                self._lose(item[1], item[3])
+
+    def _fail_all(self, message: str) -> None:
+        for a in self._active.values():
+            a.gen.events.put(Failed(message))
+        self._active.clear()
+        self._ready.clear()
+        self._group_of.clear()
+        self._group_left.clear()
+        self._passes.clear()
+        self.metrics.set_in_flight(0)
+
+    def _shutdown(self) -> None:
+        self._fail_all("coordinator shutting down")
+        for link in self.links:
+            link.stop()
+            if link.conn is not None:
+                link.conn.close()
+        self._set_state("stopped", "stopped")
+
+    # --- requests -------------------------------------------------------------------------
+    def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
+        if not internal and self._state != "ready":
+            gen.events.put(Failed(f"pipeline is {self._state}: {self._reason}"))
+            return
+        # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
+        # a canary in flight must not turn the one allowed request away
+        if not internal and self._public_count() >= self.max_requests:
+            gen.events.put(Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
+            return
+        prompt = gen.prompt
+        reuse = None if internal else self.cache.plan(prompt)
+        a = self._open(gen, internal, canary, reuse)
+        rid, first = a.rid, [a.opened]
+        # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
+        # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
+        for start, end, checkpoint in self._chunks(gen, reuse.keep if reuse else 0):
+            frames = first + [tokens_frame(rid, start, prompt[start:end], self._solo(1))]
+            if checkpoint:
+                entry = self.cache.add(prompt[:end], "system")
+                frames.append(json_frame(Kind.CACHE, {"snapshot": rid, "as": entry, "tokens": end,
+                                                      **self._disk_part(prompt[:end], "system")}))
+            if not self._send(0, frames):
+                return
+            first = []
+        a.position = len(prompt) - 1
+        a.next_token = prompt[-1]
+        self._launch([a], first)
+        self.metrics.set_in_flight(self._public_count())
+
+    def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None) -> _Active:
+        """Track a new request; its OPEN frame (sampling parameters, the prompt-cache entry it
+        starts from) is `opened`."""
+        rid = next(self._ids)
+        a = _Active(gen, rid, internal=internal, canary=canary, tokens=[], reuse=reuse)
+        gen.rid = rid
+        self._active[rid] = a
+        p = gen.params
+        params = p.sampling_json(gen.prompt)
+        gen.cached_tokens = reuse.keep if reuse is not None else 0
+        if reuse is not None:
+            params["cache"] = {"from": reuse.entry, "keep": reuse.keep}
+            self.cache.used(reuse)
+        a.opened = json_frame(Kind.OPEN, params, request_id=rid)
+        if not internal and self.speculative_tokens and p.grammar is None:
+            a.lookup, a.length = Lookup(tokens=list(gen.prompt)), DraftLength(self.speculative_tokens)
+        return a
+
+    def _chunks(self, gen: Generation, start: int) -> list[tuple[int, int, bool]]:
+        """The prefill chunks of prompt[start:-1], cut also at each mark whose state only a
+        checkpoint could keep (the checkpoint is taken there)."""
+        marks = {m for m in gen.marks if self.cache.needs_checkpoint(m)}
+        return prefill_chunks(len(gen.prompt), start, self.prefill_step, marks)
+
+    def _solo(self, members: int) -> Flag:
+        """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
+        computes only while the others wait for it). Prefill chunks are not tracked as groups, so
+        also require that no other request is active."""
+        return Flag.SOLO if not self._group_left and len(self._active) == members else Flag.NONE
+
+    def _launch(self, members: list[_Active], prefix: list[Frame] | None = None, solo: bool = True) -> None:
+        gid = next(self._group_ids)
+        frames = list(prefix or [])
+        solo = self._solo(len(members)) if solo else Flag.NONE
+        chunks = []
+        for a in members:
+            draft = self._draft(a) if len(members) == 1 or not self.speculate_alone else []
+            if draft:  # DRAFT frames first: a control frame between two FORWARDs would split the stages' step
+                frames.append(json_frame(Kind.DRAFT, {"tokens": draft}, request_id=a.rid))
+                self._passes[a.rid] = [len(draft), 0]
+            chunks.append(tokens_frame(a.rid, a.position, [a.next_token, *draft], Flag.SAMPLE | solo))
+            self._group_of[a.rid] = gid
+        frames += chunks
+        self._group_left[gid] = len(members)
+        self._send(0, frames)
+
+    def _dispatch(self) -> None:
+        """Send ready requests as micro-batches, keeping at most one group per stage in flight."""
+        depth = len(self.links)
+        while self._ready and len(self._group_left) < depth:
+            decoding = len(self._ready) + sum(self._group_left.values())
+            size = min(self.max_batch, max(1, math.ceil(decoding / depth)))
+            batch, self._ready = self._ready[:size], self._ready[size:]
+            self._launch([self._active[r] for r in batch])
+
+    def _on_frames(self, index: int, frames: list[Frame]) -> None:
+        self._last_seen[index] = now()
+        for f in frames:
+            if f.kind is Kind.RESULT:
+                self._on_result(f)
+            elif f.kind is Kind.PONG:
+                try:
+                    self._stats[index] = f.json()
+                    self.metrics.observe_stage(self.links[index].node_id, self._stats[index])
+                    self.watchdog.observe(index, self._stats[index].get("progress") or {}, now())
+                except (FrameError, AttributeError, TypeError, ValueError):
+                    pass
+            elif f.kind is Kind.ERROR:
+                self._on_error(index, f)
+            elif f.kind is Kind.CACHE:
+                self._on_cache_ack(index, f)
+        self._dispatch()
+
+    def _group_done(self, rid: int) -> None:
+        gid = self._group_of.pop(rid, None)
+        if gid is not None:
+            self._group_left[gid] -= 1
+            if self._group_left[gid] == 0:
+                del self._group_left[gid]
+
+    def _on_result(self, f: Frame) -> None:
+        last = not f.flags & Flag.RUN  # a verification pass sends its tokens as a RUN of RESULTs
+        passing = self._passes.get(f.request_id)
+        if passing is not None:
+            passing[1] += 1
+        if last:
+            self._group_done(f.request_id)
+            self._end_pass(f.request_id)
+        a = self._active.get(f.request_id)
+        if a is None:
+            return
+        try:
+            token, logprob, top = decode_result(f.payload)
+        except ValueError as exc:
+            self._finish(a, Failed(f"bad result from the last stage: {exc}", 502))
+            return
+        a.position = f.position
+        if a.cancelled:
+            self._finish(a, None)
+            return
+        a.generated += 1
+        if a.tokens is not None:
+            a.tokens.append(token)
+        if a.lookup is not None:
+            a.lookup.extend([token])
+        if a.generated == 1 and a.internal and not a.canary:
+            wrong = self._probe_token(token)
+            if wrong:
+                self._finish(a, Failed(wrong))
+                return
+        if a.generated == 1 and not a.internal:
+            self.metrics.observe_ttft(now() - a.gen.submitted)
+        a.gen.events.put(TokenEvent(token, logprob, tuple(top)))
+        if not a.internal:
+            self.metrics.add_tokens(1)
+        if a.internal and a.generated >= a.gen.params.max_tokens:
+            self._finish(a, Finished("length"))
+            if not any(x.internal for x in self._active.values()) and self._state == "warming":
+                self._probe_passed()
+                self._set_state("ready", "all stages served the probe: prefill, sampling and batched decode")
+                if self._disk:
+                    self._adoption = DiskAdoption(len(self.links), self.cache.budget)
+                    self._send(0, [json_frame(Kind.CACHE, {"disk": "list"})])
+        elif token in self.eos_ids and not a.internal:
+            self._finish(a, Finished("stop"))
+        elif not a.internal and (a.generated >= a.gen.params.max_tokens or a.position >= self.context_length):
+            self._finish(a, Finished("length"))
+        else:
+            a.next_token = token
+            if last:
+                self._ready.append(a.rid)
+
+    def _on_error(self, index: int, f: Frame) -> None:
+        try:
+            message = str(f.json().get("message", "stage error"))
+        except (FrameError, AttributeError):
+            message = "stage error"
+        a = self._active.get(f.request_id)
+        self.log.warning("request.stage_error", stage=self.links[index].node_id, request=f.request_id, reason=message)
+        if a is None:
+            return
+        self._group_done(a.rid)
+        if a.reuse is not None and "prompt cache" in message:
+            # A stage could not start it from the entry the index named: forget that entry and
+            # start the request again without it (it has produced nothing yet).
+            self._drop_entries([a.reuse.entry])
+            if a.generated == 0 and not a.cancelled:
+                self._finish(a, None, save=False)
+                self._admit(a.gen, internal=a.internal, canary=a.canary)
+                return
+        self._finish(a, Failed(f"{self.links[index].node_id}: {message}", 500))
+
+    def _cancel(self, gen: Generation) -> None:
+        rid = getattr(gen, "rid", None)
+        a = self._active.get(rid) if rid is not None else None
+        if a is None:
+            return
+        if rid in self._ready:
+            self._ready.remove(rid)
+            self._finish(a, None)
+        else:
+            a.cancelled = True  # finished when its in-flight step returns
+
+    def _finish(self, a: _Active, event: Finished | Failed | None, save: bool = True) -> None:
+        self._active.pop(a.rid, None)
+        if event is not None:
+            a.gen.events.put(event)
+        if a.canary:
+            self.watchdog.canary_returned()
+        if a.internal and isinstance(event, Failed):
+            what = "canary" if a.canary else "probe generation"
+            self._set_state("unhealthy", f"{what} failed: {event.message}")
+        close = Frame(Kind.CLOSE, a.rid, a.position)  # where it ended: a stage past it rolls back (speculation)
+        if save and not a.internal and not isinstance(event, Failed) and self.cache.enabled and a.position > 1:
+            # The stages keep its cache (prompt and generated tokens, all but the last sampled) as an entry.
+            covered = (list(a.gen.prompt) + (a.tokens or []))[:a.position]
+            close = json_frame(Kind.CLOSE, {"save": self.cache.add(covered, "assistant"),
+                                            **self._disk_part(covered, "assistant")}, request_id=a.rid,
+                               position=a.position)
+        self._send(0, [close])
+        self.metrics.set_in_flight(self._public_count())
+
+    def _public_count(self) -> int:
+        return sum(1 for a in self._active.values() if not a.internal)
+
+    def _send(self, index: int, frames: list[Frame]) -> bool:
+        link = self.links[index]
+        if link.conn is None:
+            self._lose(index, "not connected")
+            return False
+        try:
+            link.conn.send_group(frames)
+            return True
+        except OSError as exc:
+            self._lose(index, f"send failed: {exc}")
+            return False

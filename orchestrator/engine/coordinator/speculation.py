@@ -1,0 +1,58 @@
+"""The coordinator's side of speculative decoding: what a request drafts, and what its passes accepted.
+
+The scheduler thread (`pipeline.Pipeline`) owns this state with everything else. A request that
+may speculate (`_Active.lookup`) drafts tokens by prompt lookup (`drafting.Lookup`) for its next
+step, up to its adaptive length (`drafting.DraftLength`); the last stage verifies them and sends
+the accepted ones plus one as a RUN of RESULTs (engine/stage/speculate.py). Drafting starts once
+every stage's PONG said its caches roll back exactly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from orchestrator.engine.coordinator.links import StageLink
+from orchestrator.engine.coordinator.metrics import Metrics
+
+if TYPE_CHECKING:
+    from orchestrator.engine.coordinator.pipeline import _Active
+
+
+class Speculating:
+    """Mixin of `pipeline.Pipeline`: drafting and the accounting of verification passes."""
+
+    links: list[StageLink]
+    metrics: Metrics
+    context_length: int
+    _stats: dict[int, dict]
+    _active: dict[int, "_Active"]
+    _passes: dict[int, list[int]]  # request -> [drafted, RESULTs received] of its pass in flight
+    draft_source: Callable[[list[int], int], list[int]] | None
+
+    def _speculation_possible(self) -> bool:
+        """Every stage reported caches that roll back exactly (their PONG stats, engine/stage/speculate.py)."""
+        return len(self._stats) == len(self.links) and all(st.get("speculation") for st in self._stats.values())
+
+    def _draft(self, a: _Active) -> list[int]:
+        """The tokens `a` drafts this step: prompt lookup, at most its adaptive length, never past
+        max_tokens or the context (a pass emits drafts + 1)."""
+        if a.lookup is None or a.length is None or not self._speculation_possible():
+            return []
+        room = min(a.length.next(), a.gen.params.max_tokens - a.generated - 1, self.context_length - a.position - 2)
+        if room <= 0:
+            return []
+        return a.lookup.draft(room) if self.draft_source is None else self.draft_source(a.lookup.tokens, room)[:room]
+
+    def _end_pass(self, rid: int) -> None:
+        """A verification pass came back whole: count it, adapt the request's draft length."""
+        passing = self._passes.pop(rid, None)
+        if passing is None:
+            return
+        drafted, accepted = passing[0], passing[1] - 1
+        self.metrics.observe_pass(drafted, accepted)
+        a = self._active.get(rid)
+        if a is not None and a.length is not None:
+            a.length.observe(drafted, accepted)
+
+
+__all__ = ["Speculating"]

@@ -1,0 +1,1 @@
+"""A pipeline stage: its layers (shard, stand-ins, batched decode), its transport, sampling and prompt cache."""

@@ -1,0 +1,83 @@
+"""What crosses a stage boundary when a family passes more than the hidden state.
+
+Gemma 4 (2B/4B) feeds every layer a per-layer input that parts outside the layer list
+compute from the token ids and the embedding (its per-layer embedding, projection and
+norm). Only the first stage owns those parts, so it computes the per-layer inputs with the
+family's own code, and each boundary carries, beside the hidden state, the per-layer inputs
+of the layers downstream of it: `Carry` on this side, a NAMED frame on the wire
+(engine/tensors.py). A stage feeds each of its layers the slice the family's loop would
+have given it (`PerLayerFeed`, through the `PerLayer` wrappers of stand_ins.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+
+PER_LAYER = "per_layer"  # the name of the per-layer inputs in a NAMED frame
+
+
+class Carry(NamedTuple):
+    """The hidden state [B, L, H] and the extra tensors [B, L, ...] that travel with it.
+
+    A tuple, so `mx.eval` evaluates it as it does any tree of arrays.
+    """
+
+    h: mx.array
+    extras: dict[str, mx.array]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The hidden state's shape (what a stage reads its batch and length from)."""
+        return tuple(self.h.shape)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        """The hidden state's dtype."""
+        return self.h.dtype
+
+
+def concatenate(xs: list) -> mx.array | Carry:
+    """Several requests' inputs as one batch (rows in order)."""
+    if isinstance(xs[0], Carry):
+        return Carry(mx.concatenate([x.h for x in xs], axis=0),
+                     {k: mx.concatenate([x.extras[k] for x in xs], axis=0) for k in xs[0].extras})
+    return mx.concatenate(xs, axis=0)
+
+
+def row(out: mx.array | Carry, b: int) -> mx.array | Carry:
+    """Row `b` of a batched output."""
+    if isinstance(out, Carry):
+        return Carry(out.h[b:b + 1], {k: v[b:b + 1] for k, v in out.extras.items()})
+    return out[b:b + 1]
+
+
+class PerLayerFeed:
+    """One stage's per-layer inputs during one forward: those it was given for its layers
+    and the ones downstream ([B, L, n - start, P]), and those the family computed for the
+    layers downstream of it (`outgoing`, [B, L, n - end, P])."""
+
+    def __init__(self, start: int, end: int, n: int) -> None:
+        self.start, self.end, self.n = start, end, n
+        self.incoming: mx.array | None = None
+        self.taken: dict[int, mx.array] = {}
+
+    def begin(self, incoming: mx.array | None) -> None:
+        """A forward starts: what arrived from upstream (None on the first stage)."""
+        self.incoming, self.taken = incoming, {}
+
+    def given(self, index: int, computed: mx.array | None) -> mx.array | None:
+        """The per-layer input layer `index` runs on (the received one beyond the first stage),
+        kept when the layer lies downstream of this stage."""
+        x = computed if self.incoming is None else self.incoming[:, :, index - self.start, :]
+        if index >= self.end:
+            self.taken[index] = x
+        return x
+
+    def outgoing(self) -> mx.array:
+        """The per-layer inputs of the layers after this stage, in layer order."""
+        missing = [j for j in range(self.end, self.n) if self.taken.get(j) is None]
+        if missing:
+            raise RuntimeError(f"no per-layer input reached layers {missing}")
+        return mx.stack([self.taken[j] for j in range(self.end, self.n)], axis=2)

@@ -1,0 +1,331 @@
+"""A stage's slice of the model: load only its layers, and run them with the family's own code.
+
+The stage builds the family's mlx-lm `Model`, lazily, and replaces what it does not own
+with the stand-ins of `stand_ins.py` before anything is read from disk. Every forward is the
+family's own `Model.__call__` over the whole (mostly skipped) layer list, with the
+family's own `make_cache()`: embedding scale, sliding-window and chunked masks built at
+global layer indices, per-layer cache types, final norm, head and soft-capping are all the
+family's code, so greedy output through any split is bit-for-bit the single-process result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.utils import load_model
+
+from orchestrator.engine import support
+from orchestrator.engine.stage.batch import (
+    BatchUnavailable,
+    RowCaches,
+    RowStates,
+    batch_caches,
+    batch_parts,
+    install_row_attention,
+    restore,
+    snapshot,
+    split_attention_by_row,
+)
+from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, row
+from orchestrator.engine.stage.interrupt import LayerChecks
+from orchestrator.engine.stage.stand_ins import Checkpoint, Entry, Exit, Given, GivenSource, Hollow, PerLayer, Skip
+from orchestrator.models.decoder_config import ModelConfigError, decoder_facts, decoder_view, read_config_file
+
+
+class ShardError(RuntimeError):
+    """The model cannot be split as asked (bad range, unsupported family or layout)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine needs to know about a model directory without loading weights."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    tied: bool
+    max_position_embeddings: int | None
+
+    @classmethod
+    def read(cls, model_dir: Path) -> "ModelInfo":
+        """Read config.json (decoder_config's reading, shared with the coordinator and the
+        planner); raises ShardError when it is missing or not a decoder LM."""
+        try:
+            cfg = read_config_file(model_dir)
+            facts = decoder_facts(cfg)
+            if facts.hidden_size is None or facts.vocab_size is None:
+                raise ModelConfigError("config.json gives no hidden_size or vocab_size")
+            return cls(
+                model_type=facts.model_type,
+                num_layers=facts.num_layers,
+                hidden_size=facts.hidden_size,
+                vocab_size=facts.vocab_size,
+                tied=bool(decoder_view(cfg).get("tie_word_embeddings", True)),
+                max_position_embeddings=facts.max_position_embeddings,
+            )
+        except ModelConfigError as exc:
+            raise ShardError(f"{model_dir}: not a usable MLX model directory ({exc})") from None
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json as a dict; ShardError when unreadable."""
+    try:
+        return read_config_file(model_dir)
+    except ModelConfigError as exc:
+        raise ShardError(f"not a usable MLX model directory ({exc})") from None
+
+
+class StageModel:
+    """Layers [start, end) of a model, plus the embedding (first stage) and norm/head (last)."""
+
+    def __init__(self, model_dir: Path, start: int, end: int) -> None:
+        config = read_config(model_dir)
+        reason = support.unsupported_reason(config)
+        if reason:
+            raise ShardError(f"cannot serve this model exactly: {reason}")
+        self.info = ModelInfo.read(model_dir)
+        self.model_dir = Path(model_dir)  # the last stage reads its tokenizer.json for grammars
+        if not 0 <= start < end <= self.info.num_layers:
+            raise ShardError(f"layers {start}-{end - 1} outside the model's 0-{self.info.num_layers - 1}")
+        self.start, self.end = start, end
+        self.first = start == 0
+        self.last = end == self.info.num_layers
+        model, _ = load_model(Path(model_dir), lazy=True)
+        layers = _layer_list(model)
+        if len(layers) != self.info.num_layers:
+            raise ShardError(f"the model has {len(layers)} layers, config.json says {self.info.num_layers}")
+        self.dtype = _activation_dtype(model, layers[start])
+        n = len(layers)
+        cuts = support.shared_kv_cuts(config)
+        for boundary in (start, end):
+            if boundary in cuts:
+                raise ShardError(f"cannot split here: {cuts[boundary]}")
+        # Prune before evaluating: lazily-loaded tensors we drop are never read from disk.
+        family = support.family_of(config) or ""
+        returns = support.TUPLE_LAYERS.get(family, 1)
+        hidden_at = support.HIDDEN_AT.get(family, 0)
+        for i in [*range(start), *range(end, n)]:
+            layers[i] = Skip(layers[i], returns, hidden_at)
+        row_attention = support.row_attention(config)
+        if row_attention:
+            for layer in layers[start:end]:
+                split_attention_by_row(layer, row_attention)
+        self._entry = None if self.first else Entry(layers[start], hidden_at)
+        if self._entry is not None:
+            layers[start] = self._entry
+        given = support.GIVEN_INPUT.get(family)
+        self._exit = None if self.last else Exit(layers[end - 1], keep_arg=given[0] if given else None)
+        if self._exit is not None:
+            layers[end - 1] = self._exit
+        # A tensor every layer takes (Talkie's normalised embedding): received beyond the first stage.
+        self._given_name = given[1] if given else None
+        self._given = GivenSource()
+        if given and not self.first:
+            for i in range(start, end):
+                layers[i] = Given(layers[i], given[0], self._given)
+        # Per-layer inputs (Gemma 4): fed to the layers from upstream, taken from those downstream.
+        width = support.per_layer_width(config)
+        per_layer_parts = support.PER_LAYER_INPUTS.get(support.family_of(config) or "", ()) if width else ()
+        self._feed = PerLayerFeed(start, end, n) if width else None
+        self.extras_in: dict[str, tuple[int, ...]] = {}
+        if self._feed is not None:
+            for i in range(start if not self.first else end, n if not (self.first and self.last) else 0):
+                layers[i] = PerLayer(layers[i], i, self._feed)
+            if not self.first:
+                self.extras_in = {PER_LAYER: (n - start, width)}
+        # What a layer hands the next one beside the hidden state, when a boundary falls between.
+        self._handed_at = support.HANDED_ON.get(support.family_of(config) or "", (0, ()))[0]
+        self._handed_in = {} if self.first else support.handed_on(config, start)
+        self._handed_out = {} if self.last else support.handed_on(config, end)
+        self.extras_in.update(self._handed_in)
+        if self._given_name and not self.first:
+            self.extras_in[self._given_name] = (self.info.hidden_size,)
+        # Outermost: each layer this stage runs can be evaluated on its own (interrupt.py).
+        self.checks = LayerChecks()
+        for i in range(start, end):
+            layers[i] = Checkpoint(layers[i], self.checks)
+        _hollow_ends(model, first=self.first, last=self.last, hidden=self.info.hidden_size, dtype=self.dtype,
+                     per_layer=(per_layer_parts, n * width))
+        self._model = model
+        mx.eval(model.parameters())
+        install_row_attention()
+        # Decode steps of several requests run as one forward until a step shows the family
+        # cannot be batched exactly (batch.py); then one request at a time, still exact.
+        self.batchable = True
+        self.batch_refusal: str | None = None
+
+    @property
+    def layer_range(self) -> tuple[int, int]:
+        """Half-open (start, end) of the layers this stage runs."""
+        return self.start, self.end
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the parameters this stage holds."""
+        return sum(v.nbytes for _, v in nn.utils.tree_flatten(self._model.parameters()))
+
+    def make_cache(self) -> list[Any]:
+        """A fresh cache for one request: the family's own `make_cache()`, whole model long.
+
+        Entries of skipped layers only count positions (zero-width keys); they keep the masks
+        a family builds from a particular layer's cache right at any split point.
+        """
+        if hasattr(self._model, "make_cache"):
+            return self._model.make_cache()
+        return [KVCache() for _ in range(self.info.num_layers)]
+
+    def forward(self, x: mx.array | Carry, cache: list[Any]) -> mx.array | Carry:
+        """Run the family's forward for one request.
+
+        `x` is [1, L] token ids on the first stage, [1, L, H] hidden states elsewhere (a `Carry`
+        with the extra tensors `extras_in` names, for a family that passes more). Returns the
+        hidden state after this stage's last layer (a `Carry` with the per-layer inputs of the
+        layers downstream, for such a family), or on the last stage the logits [1, L, V]
+        (lazy: a prefill chunk evaluates only the caches, never the head).
+        """
+        if self._feed is not None:
+            self._feed.begin(x.extras[PER_LAYER] if isinstance(x, Carry) else None)
+        handed = None
+        if isinstance(x, Carry) and self._given_name:
+            self._given.value = x.extras[self._given_name]
+        if isinstance(x, Carry):
+            if self._handed_in:
+                parts = tuple(x.extras[k] for k in self._handed_in)
+                handed = (self._handed_at, parts if len(parts) > 1 else parts[0])
+            x = x.h
+        if self._entry is not None:
+            self._entry.feed(x, handed)
+            x = mx.zeros(x.shape[:2], mx.int32)  # token ids the embedding stand-in turns into zeros
+        out = self._model(x, cache=cache)
+        if self._exit is None:
+            return out
+        h, *rest = self._exit.take_all()
+        extras = {} if self._feed is None else {PER_LAYER: self._feed.outgoing()}
+        if self._handed_out:
+            extras.update(zip(self._handed_out, rest[0] if isinstance(rest[0], tuple) else (rest[0],)))
+        if self._given_name:
+            extras[self._given_name] = self._exit.kept()
+        return Carry(h, extras) if extras else h
+
+    def forward_batch(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
+        """One decode step (L=1) for several requests that have each seen at least one token.
+
+        Returns what `forward` returns for each request, bit for bit: one batched forward when
+        the family allows it (batch.py), otherwise (or after a refused step, with every cache
+        restored) one forward per request.
+        """
+        if self.batchable:
+            saved = snapshot(caches)
+            try:
+                return self._forward_rows(xs, caches)
+            except Exception as exc:  # noqa: BLE001 (nothing was evaluated: restore and run the rows one by one)
+                restore(caches, saved)
+                self.batchable, self.batch_refusal = False, f"{type(exc).__name__}: {exc}"
+        return [self.forward(x, c) for x, c in zip(xs, caches)]
+
+    def _forward_rows(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
+        rows = batch_caches(caches)
+        out = self.forward(concatenate(xs), rows)
+        parts = batch_parts(rows)
+        if not all(r.consumed() for r in parts if isinstance(r, RowCaches)):
+            raise BatchUnavailable("the family's attention does not go through mlx-lm's shared attention")
+        for r in parts:
+            if isinstance(r, RowStates):
+                r.write_back()
+        return [row(out, b) for b in range(len(xs))]
+
+    def logprobs(self, logits: mx.array) -> mx.array:
+        """Last stage: the last position's log-softmax, as `generate_step` computes it: [1, V]."""
+        last = logits[:, -1, :]
+        return last - mx.logsumexp(last, keepdims=True)
+
+
+def _layer_list(model: nn.Module) -> list[nn.Module]:
+    """The model's own list object holding its decoder layers (edited in place)."""
+    try:
+        layers = model.layers
+    except AttributeError:
+        raise ShardError(f"{type(model).__module__} has no layer list") from None
+    if not layers:
+        raise ShardError("the model has no layers")
+    target = layers[0]
+    for _, module in model.named_modules():
+        for value in module.values():
+            if isinstance(value, list) and len(value) == len(layers) and value and value[0] is target:
+                return value
+    raise ShardError(f"{type(model).__module__}: cannot locate the layer list to split")
+
+
+def _activation_dtype(model: nn.Module, layer: nn.Module) -> mx.Dtype:
+    """The dtype hidden states have between layers: the layer's first floating, non-scale tensor."""
+    for name, value in nn.utils.tree_flatten(layer.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(("scales", "biases")):
+            return value.dtype
+    for _name, value in nn.utils.tree_flatten(layer.parameters()):
+        if mx.issubdtype(value.dtype, mx.floating):
+            return value.dtype
+    return mx.float32
+
+
+def _hollow_ends(model: nn.Module, *, first: bool, last: bool, hidden: int, dtype: mx.Dtype,
+                 per_layer: tuple[tuple[str, ...], int] = ((), 0)) -> None:
+    """Replace the embedding / final norm / head the stage does not own by weightless stand-ins.
+
+    Outside the layer list: embeddings belong to the first stage (and the last when the head
+    is tied to them, i.e. there is no separate output projection); linear heads and norms to
+    the last. Anything else (rare, small) stays on every stage. The parts that compute per-layer
+    inputs (`per_layer`: their keys and output width) belong to the first stage; elsewhere they
+    yield zeros of that width, which no layer reads (each takes the received inputs instead).
+    """
+    keys, width = per_layer
+    parts = [p for p in _outer_parts(model) if p[2] not in keys]
+    if not first:
+        for role, parent, key in _outer_parts(model):
+            if key in keys:
+                parent[key] = Hollow({"head": "projection"}.get(role, role), width, dtype)
+    # A head kept as a bare matrix (Talkie's `lm_head`, no Linear around it): not the embedding's tie.
+    bare_head = isinstance(model.get("lm_head"), mx.array)
+    if bare_head and not last:
+        model["lm_head"] = mx.zeros((0, hidden), dtype)  # its product is never evaluated here: no weights read
+    tied = not bare_head and not any(role == "head" for role, _, _ in parts)
+    for role, parent, key in parts:
+        keep = {"embedding": first or (last and tied), "head": last, "norm": last}.get(role, True)
+        if not keep:
+            parent[key] = Hollow(role, hidden, dtype)
+
+
+def _outer_parts(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(role, parent, key) of each top-level part with weights outside the layer list."""
+    layers = _layer_list(model)
+    found: list[tuple[str, nn.Module, str]] = []
+
+    def visit(module: nn.Module) -> None:
+        for key, value in module.items():
+            if value is layers or not isinstance(value, nn.Module):
+                continue
+            role = _role(value)
+            if role is None:
+                visit(value)
+            else:
+                found.append((role, module, key))
+
+    visit(model)
+    return found
+
+
+def _role(module: nn.Module) -> str | None:
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+        return "embedding"
+    if isinstance(module, (nn.Linear, nn.QuantizedLinear)):
+        return "head"
+    if "norm" in type(module).__name__.lower():
+        return "norm"
+    if any(isinstance(v, mx.array) for k, v in module.items() if not k.startswith("_")):
+        return "other"
+    return None

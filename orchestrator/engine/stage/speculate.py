@@ -1,0 +1,85 @@
+"""Speculative decoding on the stages: verification of drafted tokens in one pass, and rollback.
+
+The coordinator sends a request's last accepted token followed by k drafted tokens as one FORWARD
+chunk (and the drafts themselves in a DRAFT frame, so the last stage, which sees only hidden states,
+knows them). Every stage runs the k+1 positions like a prefill chunk. The last stage then walks the
+positions in order with the request's own sampler — processors, grammar-free sampling chain, PRNG
+key — exactly as k+1 plain decode steps would: sample position i, and go on to position i+1 only
+while the sample equals draft i. The emitted tokens are therefore the ones plain decoding samples
+(greedy: the argmax; seeded sampling: the very draw, key for key), so the target distribution is
+preserved trivially — the rule is "accept while the draft equals the request's own sample".
+
+The caches now hold k+1 positions, of which only the accepted ones (plus the last accepted token's
+input) are valid. No stage is told the outcome: the request's next FORWARD frame (or its CLOSE)
+carries the position it continues from, lower than the stage's, and the stage trims its caches back
+with mlx-lm's own `trim` (`rollback`). That is only allowed right after a verification chunk and no
+further back than its first position + 1, so a confused coordinator cannot rewind a request.
+
+Caches that cannot trim exactly (linear attention / SSM states, sliding windows, chunked attention)
+rule speculation out for the whole model: `can_speculate` is what a stage reports in its stats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, RotatingKVCache, can_trim_prompt_cache
+
+from orchestrator.engine.stage.prompt_cache import trim_exactly
+
+MAX_DRAFT = 16  # drafted tokens one pass may carry
+
+
+def can_speculate(cache: list[Any]) -> bool:
+    """Whether a fresh request cache of this model can be rolled back exactly at any length: every
+    layer an offset-only `trim` (plain or quantized KV), none with a recurrent state or a window."""
+    def plain(c: Any) -> bool:
+        if isinstance(c, CacheList):
+            return all(plain(m) for m in c.caches)
+        return not isinstance(c, (ArraysCache, RotatingKVCache, ChunkedKVCache))
+
+    return bool(cache) and can_trim_prompt_cache(cache) and all(plain(c) for c in cache)
+
+
+def parse_draft(payload: Any, vocab: int) -> list[int]:
+    """A DRAFT frame's JSON ({"tokens": [ids]}) -> the token ids; ValueError when malformed."""
+    tokens = payload.get("tokens") if isinstance(payload, dict) else None
+    if not isinstance(tokens, list) or not 0 < len(tokens) <= MAX_DRAFT:
+        raise ValueError(f"a draft is a list of 1 to {MAX_DRAFT} token ids")
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in tokens):
+        raise ValueError("draft token ids out of range")
+    return list(tokens)
+
+
+def rollback(cache: list[Any], position: int, to: int, floor: int | None, skip_trim: bool = False) -> int:
+    """Cut a request's caches back from `position` to `to` after a verification chunk whose first
+    position + 1 is `floor`; returns the new position. ValueError when that is not a rollback the
+    last chunk allows. `skip_trim` (a test fault) moves the position but leaves the caches long."""
+    if floor is None or not floor <= to < position:
+        raise ValueError(f"KV position {to} != expected {position}")
+    if not skip_trim:
+        trim_exactly(cache, position - to)
+    return to
+
+
+def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, mx.array]]:
+    """Walk the k+1 positions of a verification chunk's logits [1, k+1, V] with the request's own
+    sampler: sample each in turn, stop after the first sample that differs from its draft (or after
+    the last position). Returns (token, processed log-probs [1, V]) per emitted token; the sampler
+    has accepted each of them, as plain decode steps would have."""
+    out: list[tuple[int, mx.array]] = []
+    mx.eval(logits)  # once: each position's evaluation below must not recompute the chunk's graph
+    for i in range(len(draft) + 1):
+        lp = sampler.logprobs(logits[:, i:i + 1, :])
+        token = sampler.sample(lp)
+        mx.eval(token, lp)
+        chosen = int(token.item())
+        sampler.accept(chosen)
+        out.append((chosen, lp))
+        if i == len(draft) or chosen != draft[i]:
+            break
+    return out
+
+
+__all__ = ["MAX_DRAFT", "can_speculate", "parse_draft", "rollback", "verify"]

@@ -1,0 +1,425 @@
+"""A pipeline stage: owns a layer range, receives frames over TCP, computes, passes on.
+
+Threads: the gate's accept thread and one reader per connection (engine/stage/gate.py, which
+also answer PINGs, so a stage busy with a long prefill still proves it is alive), and the MLX
+thread — the caller of `Stage.run()` — which alone owns the model, the KV caches and the
+outbound connections (engine/stage/links.py). Readers feed it through one inbox queue.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from orchestrator.engine import transport
+from orchestrator.engine.config import ClusterConfig, NodeSpec
+from orchestrator.engine.stage.carry import Carry
+from orchestrator.engine.stage.constraint import Constraints
+from orchestrator.engine.stage.faults import Faults
+from orchestrator.engine.stage.gate import Gate
+from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned
+from orchestrator.engine.stage.links import Links
+from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
+from orchestrator.engine.stage.sampling import Sampler
+from orchestrator.engine.stage.shard import StageModel
+from orchestrator.engine.stage.speculate import can_speculate, parse_draft, rollback, verify
+from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
+from orchestrator.engine.stage_address import next_address
+from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
+from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
+from orchestrator.logs import EventLogger
+
+
+@dataclass
+class RequestState:
+    """One request's state on this stage."""
+
+    cache: list[Any]
+    sampler: Sampler | None = None
+    position: int = 0
+    draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
+    floor: int | None = None  # after a verification chunk: the lowest position it may be rolled back to
+
+
+class Stage:
+    """The stage process's state and loops."""
+
+    def __init__(self, config: ClusterConfig, node: NodeSpec, model: StageModel, secret: bytes,
+                 listener: socket.socket, log: EventLogger, blas: str = "reference",
+                 threads: tuple[int, int] = (0, 0)) -> None:
+        self.config = config
+        self.node = node
+        self.model = model
+        self.log = log
+        self.index = node.stage or 0
+        stages = config.stages
+        next_node = stages[self.index + 1] if self.index + 1 < len(stages) else None
+        upstream_role = "coordinator" if self.index == 0 else f"stage-{self.index - 1}"
+        max_frame = config.cluster.max_frame_bytes
+        self.inbox: queue.Queue = queue.Queue()
+        self.gate = Gate(listener, secret, max_frame, upstream_role, (n.host_port[0] for n in config.nodes),
+                         self.inbox, self._pong, log)
+        # MLX-thread state
+        self.requests: dict[int, RequestState] = {}
+        self.links = Links(self.index, next_node, secret, max_frame, log)
+        self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
+                                weight_bytes=model.weight_bytes, extra={"blas": blas, "node": node.id,
+                                                                    "speculation": can_speculate(model.make_cache())})
+        self._stop = threading.Event()
+        # (base, solo) BLAS threads: solo for steps marked SOLO, base otherwise; (0, 0) = never switch.
+        self.base_threads, self.solo_threads = threads
+        self.faults = Faults.for_node(node.id)
+        self.prompt_cache = StageCache(self.faults, disk_tier(config, model, log))  # entries the index names
+        self._batch_refusal_logged = False
+        self.current_threads = self.base_threads
+        self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
+        self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
+        if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
+            model.checks.pause_s = LAYER_PAUSE_S
+
+    @property
+    def next_node(self) -> NodeSpec | None:
+        """The next stage's node (None on the last stage); ROUTE frames move it."""
+        return self.links.next_node
+
+    def serve(self) -> None:
+        """Accept connections in a background thread (engine/stage/gate.py)."""
+        self.gate.start()
+
+    def _pong(self) -> Frame:
+        """The answer to a PING: the stage's figures and what it is computing now (read by the gate's readers)."""
+        stats = self.stats
+        return json_frame(Kind.PONG, {**stats.as_json(), "progress": progress_json(
+            stats, self.progress, self.inbox.qsize(), time.monotonic())})
+
+    # --- the MLX thread ----------------------------------------------------------------
+    def run(self) -> None:
+        """Process the inbox until stopped; call from the thread that owns MLX."""
+        while not self._stop.is_set():
+            try:
+                item = self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            what = item[0]
+            if what == "coordinator":
+                self._adopt_coordinator(item[1])
+            elif what == "closed":
+                if self.links.coordinator_closed(item[1]):
+                    self._drop_all("coordinator disconnected")
+            elif what == "group":
+                # Read before a RESET that has arrived since: its requests are being dropped, so
+                # its FORWARD frames are not computed. After a stage was lost, the abandoned
+                # prefills queued here once held the recovery's probe back for over 60 s.
+                self._handle_group(item[2], queued=item[3])
+
+    def stop(self) -> None:
+        """Ask the loops to end and close the listener."""
+        self._stop.set()
+        self.gate.stop()
+
+    def _adopt_coordinator(self, conn: transport.Connection) -> None:
+        self.links.adopt_coordinator(conn)
+        self._drop_all("new coordinator session")
+
+    def _drop_all(self, reason: str) -> None:
+        if self.requests or self.prompt_cache.entries:
+            self.log.info("requests.dropped", count=len(self.requests), cache_entries=len(self.prompt_cache.entries),
+                          reason=reason)
+        self.requests.clear()
+        self.prompt_cache.clear()  # the coordinator's index of them is gone (or belongs to another session)
+        self._publish()
+
+    def _handle_group(self, group: list[Frame], queued: int | None = None) -> None:
+        """Handle one group of frames from upstream; `queued`: the RESETs the gate had read when it
+        queued them (None: never stale). A group a later RESET overtook is stale: its steps are skipped,
+        or abandoned between layers when the RESET comes while they compute (interrupt.py)."""
+        out: list[Frame] = []
+        run: list[Frame] = []
+        if queued is not None and queued < self.gate.resets:
+            skipped = [f for f in group if f.kind is Kind.FORWARD]
+            if skipped:
+                self.log.info("requests.skipped_before_reset", frames=len(skipped))
+            group = [f for f in group if f.kind is not Kind.FORWARD]
+        for frame in group:
+            if frame.kind is Kind.FORWARD:
+                run.append(frame)
+                continue
+            if run:
+                out += self._forward(run, queued)
+                run = []
+            out += self._control(frame)
+        if run:
+            out += self._forward(run, queued)
+        if out:
+            self._send_down(out)
+
+    def _control(self, frame: Frame) -> list[Frame]:
+        """OPEN / CLOSE / RESET: update state; returns what to pass downstream."""
+        if frame.kind is Kind.RESET:
+            self._drop_all("reset by coordinator")
+            return [frame] if self.next_node else []
+        if frame.kind is Kind.ROUTE:
+            self._reroute(frame)
+            return [frame] if self.next_node else []  # on to the (possibly new) next stage
+        if frame.kind is Kind.OPEN:
+            try:
+                params = frame.json()
+                sampler = (Sampler.from_params(params, self.model.info.vocab_size, self.constraints.build)
+                           if self.model.last else None)
+            except (ValueError, FrameError) as exc:  # from_params turns any junk JSON into ValueError
+                self._error(frame.request_id, f"bad sampling parameters: {exc}")
+                return []
+            try:
+                cache, position = self._request_cache(params)
+            except CacheMiss as exc:  # passed on: the next stages must not start the request either
+                self._error(frame.request_id, f"stage {self.index}: prompt cache: {exc}")
+                return []  # the coordinator starts the request again, without this entry
+            self.requests[frame.request_id] = RequestState(cache, sampler, position)
+        elif frame.kind is Kind.DRAFT:
+            self._draft(frame)
+        elif frame.kind is Kind.CLOSE:
+            state = self.requests.pop(frame.request_id, None)
+            if state is not None and state.floor is not None and frame.position < state.position:
+                try:  # it ended inside an accepted run: an entry keeps only what was accepted
+                    self._rollback(state, frame.position)
+                except ValueError:
+                    state = None  # a position no rollback allows: keep no entry of it
+            self._cache_command(json_or_empty(frame), state)
+        elif frame.kind is Kind.CACHE:
+            self._cache_command(json_or_empty(frame), None)
+        else:
+            self.log.warning("frame.unexpected", kind=frame.kind.name)
+            return []
+        self._publish()
+        return [frame] if self.next_node else []
+
+    def _draft(self, frame: Frame) -> None:
+        """Keep the drafted tokens of a request's next chunk (the last stage verifies them)."""
+        state = self.requests.get(frame.request_id)
+        if state is None:
+            return
+        try:
+            if state.sampler is not None and state.sampler.constraint is not None:
+                raise ValueError("a constrained request cannot speculate")
+            state.draft = parse_draft(frame.json(), self.model.info.vocab_size)
+        except (ValueError, FrameError) as exc:
+            self._end_request(frame.request_id, f"bad draft: {exc}")
+
+    def _rollback(self, state: RequestState, to: int) -> None:
+        """Cut a request's caches back to `to` after a verification chunk (ValueError if not allowed)."""
+        state.position = rollback(state.cache, state.position, to, state.floor,
+                                  skip_trim="spec-skip-trim" in self.faults.kinds)
+        state.floor = None
+
+    def _request_cache(self, params: Any) -> tuple[list[Any], int]:
+        """A fresh cache, or a copy of a prompt-cache entry when the OPEN frame names one."""
+        spec = params.get("cache") if isinstance(params, dict) else None
+        if spec is None:
+            return self.model.make_cache(), 0
+        return self.prompt_cache.start(spec)
+
+    def _cache_command(self, command: dict, closed: RequestState | None) -> None:
+        try:
+            for ack in self.prompt_cache.command(command, closed, self.requests):
+                self._ack(ack)
+        except (TypeError, ValueError, KeyError) as exc:
+            self.log.warning("cache.malformed", reason=exc)
+
+    def _ack(self, payload: dict) -> None:
+        self._send_coordinator([json_frame(Kind.CACHE, {**payload, "stage": self.index})])
+
+    def _reroute(self, frame: Frame) -> None:
+        """Take the next stage's address from a ROUTE frame: it moved to another node (engine/stage_address.py)."""
+        try:
+            address = next_address(frame, self.index)
+        except FrameError as exc:
+            self.log.warning("route.malformed", reason=exc)
+            return
+        if address is not None:
+            self.links.reroute(address)
+
+    def _forward(self, frames: list[Frame], queued: int | None = None) -> list[Frame]:
+        """Run the layers for FORWARD frames; returns hidden frames (or sends RESULTs if last).
+        `queued`: as for _handle_group (a long step is abandoned once a later RESET is read)."""
+        work: list[tuple[Frame, RequestState, mx.array]] = []
+        for f in frames:
+            state = self.requests.get(f.request_id)
+            if state is None:
+                self._error(f.request_id, f"stage {self.index}: unknown request")
+            elif f.position != state.position and not self._rolled_back(f, state):
+                pass
+            else:
+                try:
+                    work.append((f, state, self._input(f)))
+                except ValueError as exc:
+                    self._error(f.request_id, f"stage {self.index}: {exc}")
+        if not work:
+            return []
+        self._set_threads(all(f.flags & Flag.SOLO for f, _, _ in work))
+        t0 = time.perf_counter()
+        first, _, x0 = work[0]
+        self.progress = Progress(time.monotonic(), first.request_id, first.position, int(x0.shape[1]), len(work))
+        try:
+            with self._interruptible(work, queued):
+                outputs = self._compute(work)
+        except Abandoned as exc:  # a RESET came: it drops these requests next
+            self.log.info("step.abandoned", requests=len(work), reason=exc)
+            return []
+        except Exception as exc:  # a failed step fails its requests, not the stage
+            self.log.error("step.failed", exc_info=True, requests=len(work))
+            for f, _, _ in work:
+                self._error(f.request_id, f"stage {self.index}: {exc}")
+                self.requests.pop(f.request_id, None)
+            return []
+        finally:
+            self.progress = None
+        self._record_step(time.perf_counter() - t0, len(work))
+        return outputs
+
+    def _interruptible(self, work: list[tuple[Frame, RequestState, Any]], queued: int | None) -> AbstractContextManager:
+        """Layer by layer, abandoned if a RESET is read meanwhile, for a long step (interrupt.py)."""
+        checks = getattr(self.model, "checks", None)
+        if checks is None or queued is None or max(int(x.shape[1]) for _, _, x in work) < INTERRUPTIBLE_TOKENS:
+            return nullcontext()
+        return checks.interruptible(lambda: self.gate.resets > queued)
+
+    def _input(self, f: Frame) -> mx.array | Carry:
+        """A FORWARD frame's input to the model; ValueError when it does not fit this stage."""
+        model = self.model
+        if model.first:
+            return from_frame(f, first=True, hidden=model.info.hidden_size, vocab=model.info.vocab_size,
+                              dtype=model.dtype)
+        h, extras = from_frame_with(f, hidden=model.info.hidden_size, dtype=model.dtype, extras=model.extras_in)
+        return Carry(h, extras) if model.extras_in else h
+
+    def _rolled_back(self, f: Frame, state: RequestState) -> bool:
+        """A frame behind the stage's position: the rollback after a verification chunk, or an error."""
+        try:
+            self._rollback(state, f.position)
+            return True
+        except ValueError as exc:
+            self._error(f.request_id, f"stage {self.index}: {exc}")
+            self.requests.pop(f.request_id, None)
+            return False
+
+    def _set_threads(self, solo: bool) -> None:
+        """Use all the host's cores for SOLO steps (no other stage has work), the base count otherwise."""
+        if not (self.solo_threads and self.base_threads):
+            return
+        want = self.solo_threads if solo else self.base_threads
+        if want != self.current_threads:
+            from orchestrator.engine import blas
+
+            blas.set_threads(want)  # MLX is idle between steps: no BLAS call is running now
+            self.current_threads = want
+
+    def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
+        model = self.model
+        self.faults.before_step()
+        # Decode rows run as one batch; prefill and verification chunks (several positions) one by one.
+        rows = [i for i, (_, s, x) in enumerate(work) if x.shape[1] == 1 and s.position > 0]
+        hs: list[Any] = [None] * len(work)
+        if len(rows) > 1 and model.batchable:
+            for i, h in zip(rows, model.forward_batch([work[i][2] for i in rows], [work[i][1].cache for i in rows])):
+                hs[i] = h
+            if model.batch_refusal and not self._batch_refusal_logged:
+                self._batch_refusal_logged = True
+                self.log.warning("batch.unavailable", reason=model.batch_refusal,
+                                 detail="decode steps now run one request at a time (still exact)")
+        hs = [model.forward(x, s.cache) if h is None else h for (_, s, x), h in zip(work, hs)]
+        for (f, s, x), _h in zip(work, hs):
+            # a verification chunk may be rolled back to just after its first position (speculate.py)
+            s.floor = f.position + 1 if s.draft is not None else None
+            s.position += x.shape[1]
+        states = [c.state for _, s, _ in work for c in s.cache]
+        if not model.last:
+            for _, s, _ in work:
+                s.draft = None
+            mx.eval(hs, states)
+            return [_downstream(f, h) for (f, _, _), h in zip(work, hs)]
+        results = []
+        # Each request's own processors, grammar mask and PRNG key (engine/stage/sampling.py), row by row.
+        # A grammar that fails (llguidance's limits) ends its own request, not its batch-mates.
+        sampled = []
+        for (f, s, x), h in zip(work, hs):
+            if f.flags & Flag.SAMPLE and s.draft is not None:
+                results += self._verify(f, s, h, int(x.shape[1]))
+            elif f.flags & Flag.SAMPLE:
+                try:
+                    sampled.append((f, s, s.sampler.logprobs(h)))
+                except ValueError as exc:
+                    self._end_request(f.request_id, exc)
+        tokens = [s.sampler.sample(lp) for _, s, lp in sampled]
+        mx.eval(tokens, [lp for _, _, lp in sampled], states)  # a prefill chunk's head is never computed
+        for (f, s, lp), token in zip(sampled, tokens):
+            chosen = int(token.item())
+            try:
+                s.sampler.accept(chosen)
+            except ValueError as exc:
+                self._end_request(f.request_id, exc)
+                continue
+            results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(chosen, lp)))
+        if results:
+            self._send_coordinator(results)
+        return []
+
+    def _verify(self, f: Frame, s: RequestState, logits: mx.array, width: int) -> list[Frame]:
+        """The RESULTs of a verification chunk: the accepted drafts plus one, all but the last flagged RUN."""
+        draft, s.draft = s.draft or [], None
+        if width != len(draft) + 1:
+            self._end_request(f.request_id, ValueError(f"a chunk of {width} tokens cannot verify {len(draft)} drafts"))
+            return []
+        start = s.position - width
+        try:
+            emitted = verify(s.sampler, logits, draft)
+        except ValueError as exc:
+            self._end_request(f.request_id, exc)
+            return []
+        return [Frame(Kind.RESULT, f.request_id, start + i + 1, flags=Flag.RUN if i < len(emitted) - 1 else Flag.NONE,
+                      payload=s.sampler.encode(token, lp)) for i, (token, lp) in enumerate(emitted)]
+
+    def _end_request(self, request_id: int, exc: Exception | str) -> None:
+        self._error(request_id, f"stage {self.index}: {exc}")
+        self.requests.pop(request_id, None)
+
+    def _record_step(self, seconds: float, batch: int) -> None:
+        ms = seconds * 1000
+        ema = ms if self.stats.steps == 0 else 0.9 * self.stats.step_ms + 0.1 * ms
+        self.stats = StageStats(self.index, self.model.layer_range, len(self.requests), self.stats.steps + 1,
+                                ema, batch, max(batch, self.stats.max_batch), rss_bytes(), self.stats.weight_bytes,
+                                self.stats.extra)
+
+    def _publish(self) -> None:
+        s = self.stats
+        self.stats = StageStats(s.stage, s.layers, len(self.requests), s.steps, s.step_ms, s.batch, s.max_batch,
+                                rss_bytes(), s.weight_bytes, {**s.extra, "prompt_cache": self.prompt_cache.stats()})
+
+    # --- outbound ----------------------------------------------------------------------
+    def _send_down(self, frames: list[Frame]) -> None:
+        for request_id in self.links.send_down(frames):
+            self._error(request_id, f"stage {self.index}: next stage {self.next_node.id} unreachable")
+            self.requests.pop(request_id, None)
+
+    def _send_coordinator(self, frames: list[Frame]) -> None:
+        self.links.to_coordinator(frames)
+
+    def _error(self, request_id: int, message: str) -> None:
+        self.links.error(request_id, message)
+
+
+__all__ = ["Stage"]
+
+
+def _downstream(f: Frame, h: mx.array | Carry) -> Frame:
+    """The frame carrying a step's output to the next stage (a NAMED frame for a `Carry`)."""
+    flags = f.flags & (Flag.SAMPLE | Flag.SOLO)
+    if isinstance(h, Carry):
+        return to_frame(f.request_id, f.position, h.h, flags, h.extras)
+    return to_frame(f.request_id, f.position, h, flags)

@@ -1,0 +1,1 @@
+"""Test-model builders: tiny deterministic random models of mlx-lm's families (`pipeserve make-test-model`)."""

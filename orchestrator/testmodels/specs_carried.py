@@ -1,0 +1,86 @@
+"""Specs of the families whose stage boundary carries more than the hidden state: Gemma 4
+(gemma4_text, and gemma4 as published, its decoder under `text_config` beside a vision tower)
+Hunyuan-Large (hunyuan), RWKV-7 (rwkv7) and Talkie (talkie).
+
+Six layers, sliding windows of 8 with a global layer every 3rd (S S F S S F); the last two
+reuse the K/V of layers 3 (sliding) and 2 (global), so a boundary before layer 3, 4 or 5 is
+refused (support.shared_kv_cuts) and the matrix cuts at 1 and 2; each layer gets an 8-wide
+per-layer input from the token ids, which crosses every boundary (engine/stage/carry.py).
+
+Hunyuan: six MoE layers in cross-layer-attention pairs (0-1, 2-3, 4-5): the second of each pair
+attends with the first one's K/V projections, which cross a boundary at 1, 3 or 5. RWKV-7:
+four layers; layer 0's value residual (v_first, [1, L, heads, head_dim]) crosses every boundary.
+Talkie: four layers that each take the normalised token embedding (their first argument, the
+hidden state their second) and add it back with a learned gain; it crosses every boundary.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from orchestrator.testmodels.specs import BASE, FamilySpec
+
+_VOCAB = 512  # families.VOCAB
+
+_GEMMA4 = {
+    **BASE, "num_hidden_layers": 6, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 2,
+    "sliding_window": 8, "sliding_window_pattern": 3, "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": _VOCAB, "final_logit_softcapping": 30.0,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+_PATTERN = "SD SD FD SD -D -D"  # -: a KV-shared layer (attends over layer 3's / 2's cache, keeps none)
+
+CARRIED = MappingProxyType({
+    "gemma4_text": FamilySpec(
+        "gemma4_text",
+        dict(_GEMMA4),
+        _PATTERN,
+        "Gemma 4 E2B/E4B shape: per-layer inputs from the token ids on every layer, the last two layers "
+        "reuse earlier layers' K/V (KV sharing), layers return (hidden, K/V, offset); tied, soft-capped head",
+        embed_std=0.125,
+    ),
+    "gemma4": FamilySpec(
+        "gemma4",
+        dict(_GEMMA4),
+        _PATTERN,
+        "Gemma 4 as published: gemma4_text under text_config, vocab_size at the top level, vision tower "
+        "beside it",
+        embed_std=0.125,
+        text_config=True,
+        text_model_type="gemma4_text",
+        outer={"vocab_size": _VOCAB},
+        tower="vision_tower",
+    ),
+    "hunyuan": FamilySpec(
+        "hunyuan",
+        {**BASE, "num_hidden_layers": 6, "attention_bias": False, "use_qk_norm": True, "use_cla": True,
+         "cla_share_factor": 2, "num_experts": 4, "moe_topk": 2, "num_shared_expert": 1, "use_mixed_mlp_moe": True,
+         "moe_intermediate_size": 64, "rope_scaling": {"alpha": 1000.0, "factor": 1.0, "type": "dynamic"},
+         "tie_word_embeddings": True},
+        "FE FE FE FE FE FE",
+        "Hunyuan-Large shape: cross-layer attention (pairs share the first layer's K/V projections), "
+        "mixed shared + routed experts, q/k norm after RoPE, NTK-alpha RoPE; tied head",
+    ),
+    "rwkv7": FamilySpec(
+        "rwkv7",
+        {"hidden_size": 64, "intermediate_size": 128, "norm_eps": 1e-5, "head_dim": 16, "num_hidden_layers": 4,
+         "a_low_rank_dim": 16, "v_low_rank_dim": 16, "gate_low_rank_dim": 16, "decay_low_rank_dim": 16,
+         "tie_word_embeddings": False},
+        "LD LD LD LD",
+        "RWKV-7: recurrent state caches, token shift, the first layer's value residual read by every later "
+        "layer (crosses each boundary beside the hidden state)",
+    ),
+    "talkie": FamilySpec(
+        "talkie",
+        {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "head_dim": 16, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+         "rms_norm_eps": 1.1920928955078125e-07},
+        "FD FD FD FD",
+        "Talkie shape: weightless norms, every block adds the normalised token embedding back with a learned "
+        "gain (it crosses each boundary beside the hidden state), a bare gained output projection",
+        fills=(("embed_skip.a_g", 16.0),),
+    ),
+})

@@ -1,0 +1,26 @@
+"""Speculative decoding's figures in the coordinator's /metrics text."""
+
+from __future__ import annotations
+
+from orchestrator.engine.coordinator.metrics import Metrics
+
+
+def _values(text: str) -> dict[str, float]:
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("pipeserve_spec")}
+
+
+def test_passes_drafts_acceptance_and_tokens_per_pass():
+    metrics = Metrics(["stage-0", "stage-1"])
+    assert _values(metrics.render()) == {
+        "pipeserve_spec_passes_total": 0, "pipeserve_spec_drafted_tokens_total": 0,
+        "pipeserve_spec_accepted_tokens_total": 0, "pipeserve_spec_acceptance_rate": 0.0,
+        "pipeserve_spec_tokens_per_pass": 0.0}
+    metrics.observe_pass(4, 4)  # 5 tokens
+    metrics.observe_pass(4, 0)  # 1 token
+    metrics.observe_pass(2, 1)  # 2 tokens
+    assert _values(metrics.render()) == {
+        "pipeserve_spec_passes_total": 3, "pipeserve_spec_drafted_tokens_total": 10,
+        "pipeserve_spec_accepted_tokens_total": 5, "pipeserve_spec_acceptance_rate": 0.5,
+        "pipeserve_spec_tokens_per_pass": round(8 / 3, 4)}
+    assert "# TYPE pipeserve_spec_passes_total counter" in metrics.render()

@@ -1,0 +1,133 @@
+"""Speculative decoding through real stages: greedy with speculation equals greedy mlx-lm, token for token.
+
+Stages are real processes; the coordinator's scheduler runs in the test process (harness.InTestCoordinator).
+A random test model never repeats its context, so prompt lookup would draft nothing it accepts: the drafts
+come from an oracle (`Pipeline.draft_source`) that knows the reference answer and spoils one drafted token
+of most passes, so that passes accept all, some and none of their drafts (prompt lookup itself is tested in
+tests/engine/coordinator/test_drafting.py, and measured on a real model by e2e/bench/speculation.py).
+Log-probs are not compared bit for bit: a verification chunk scores k+1 positions in one matmul, whose
+low bits may differ from k+1 single-position steps.
+Then the comparison is shown to bite: a stage that moves its position back without trimming its caches
+(`spec-skip-trim`) fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.engine.coordinator.pipeline import GenerationParams
+from tests.engine.harness import InTestCoordinator, reference
+
+REPEAT = [5, 17, 101, 33, 7, 250, 9] * 4
+CODE = [(i * 13 + 5) % 300 for i in range(24)] * 2 + [(i * 13 + 5) % 300 for i in range(6)]
+PROMPTS = [REPEAT, CODE, [9, 8, 7]]
+TOKENS = 40
+
+
+def _spec_counts(coord: InTestCoordinator) -> tuple[int, int, int]:
+    text = coord.pipeline.metrics.render()
+    values = {line.split()[0]: float(line.split()[1])
+              for line in text.splitlines() if line.startswith("pipeserve_spec")}
+    return (int(values["pipeserve_spec_passes_total"]), int(values["pipeserve_spec_drafted_tokens_total"]),
+            int(values["pipeserve_spec_accepted_tokens_total"]))
+
+
+def _oracle(want: dict[tuple[int, ...], list[int]]):
+    """Drafts from the reference answer; in most passes one drafted token is wrong (which depends on
+    how far the answer is)."""
+    def draft(sequence: list[int], k: int) -> list[int]:
+        prompt = next(p for p in want if tuple(sequence[:len(p)]) == p and len(sequence) - len(p) <= len(want[p]))
+        done = len(sequence) - len(prompt)
+        out = list(want[prompt][done:done + k])
+        wrong = done % (k + 2)
+        if wrong < len(out):
+            out[wrong] = (out[wrong] + 1) % 500
+        return out
+
+    return draft
+
+
+def _coordinator(cluster, want, eos=None) -> InTestCoordinator:
+    coord = InTestCoordinator(cluster, eos=eos)
+    coord.pipeline.draft_source = _oracle(want)
+    coord.pipeline.speculate_alone = False  # steps that mix speculating and plain requests too
+    return coord
+
+
+def _ready(coord: InTestCoordinator) -> None:
+    """Ready, and every stage's PONG has said its caches roll back: drafting starts only then (the
+    first PONGs come up to 0.5 s after the probe, and a loaded machine finishes short answers sooner)."""
+    coord.wait_ready()
+    coord.stage_stats(lambda stats: all(s.get("speculation") for s in stats))
+
+
+def _tokens(coord: InTestCoordinator, prompt: list[int], max_tokens: int) -> list[int]:
+    return coord.run(prompt, max_tokens).tokens
+
+
+@pytest.fixture(scope="module")
+def expected(model_factory):
+    model = model_factory()
+    return model, {tuple(p): reference(model, p, TOKENS, prefill_step=16).tokens for p in PROMPTS}
+
+
+def test_greedy_with_speculation_equals_mlx_lm(launch, expected):
+    model, want = expected
+    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4)
+    coord = _coordinator(cluster, want)
+    try:
+        _ready(coord)
+        for prompt in PROMPTS:
+            assert _tokens(coord, prompt, TOKENS) == want[tuple(prompt)], f"prompt {prompt[:8]}..."
+        passes, drafted, accepted = _spec_counts(coord)
+        # max_tokens falling inside an accepted run: every shorter answer is the reference's prefix
+        for n in (1, 2, 3, 5, 8, 13):
+            assert _tokens(coord, REPEAT, n) == want[tuple(REPEAT)][:n], f"max_tokens={n}"
+        # concurrent requests, speculating and not, micro-batched in the same steps
+        gens = [coord.generate(p, TOKENS) for p in PROMPTS + PROMPTS]
+        for p, gen in zip(PROMPTS + PROMPTS, gens):
+            assert coord.collect(gen).tokens == want[tuple(p)]
+    finally:
+        coord.stop()
+    assert passes > 0 and drafted > accepted > 0, f"no speculation happened: {passes, drafted, accepted}"
+
+
+def test_a_stop_token_inside_an_accepted_run(launch, expected):
+    model, want = expected
+    ref = want[tuple(REPEAT)]
+    stop = ref[10]  # a token the answer produces somewhere in the middle
+    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4)
+    coord = _coordinator(cluster, want, eos={stop})
+    try:
+        _ready(coord)
+        got = _tokens(coord, REPEAT, TOKENS)
+    finally:
+        coord.stop()
+    assert got == ref[:ref.index(stop) + 1]
+
+
+def test_off_decodes_plainly(launch, expected):
+    model, want = expected
+    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=0)
+    coord = _coordinator(cluster, want)
+    try:
+        coord.wait_ready()
+        assert _tokens(coord, REPEAT, TOKENS) == want[tuple(REPEAT)]
+        assert _spec_counts(coord) == (0, 0, 0)
+    finally:
+        coord.stop()
+
+
+def test_a_stage_that_skips_the_trim_fails_the_comparison(launch, expected):
+    model, want = expected
+    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4,
+                     env={"PIPESERVE_FAULTS": "stage-1:spec-skip-trim"})
+    coord = _coordinator(cluster, want)
+    try:
+        _ready(coord)
+        got = [coord.collect(coord.pipeline.submit(p, GenerationParams(max_tokens=TOKENS))).tokens for p in PROMPTS]
+        passes, drafted, accepted = _spec_counts(coord)
+    finally:
+        coord.stop()
+    assert drafted > accepted, f"no draft was rejected, so nothing was rolled back: {passes, drafted, accepted}"
+    assert got != [want[tuple(p)] for p in PROMPTS]

@@ -1,0 +1,77 @@
+"""Frames to arrays and back: the one-tensor frame and the NAMED frame of several tensors."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from orchestrator.engine import wire
+from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
+from orchestrator.engine.wire import DType, Flag, FrameError
+
+H, P = 8, 4
+
+
+def _arr(shape, dtype=mx.bfloat16):
+    return (mx.arange(1, 1 + int(mx.prod(mx.array(shape)).item())).reshape(shape) / 7).astype(dtype)
+
+
+def test_hidden_alone_is_the_one_tensor_frame():
+    h = _arr((1, 3, H))
+    f = to_frame(1, 0, h, Flag.SAMPLE)
+    assert (f.dtype, f.shape, f.flags, len(f.payload)) == (DType.BFLOAT16, (1, 3, H), Flag.SAMPLE, 3 * H * 2)
+    x, extras = from_frame_with(f, hidden=H, dtype=mx.bfloat16, extras={})
+    assert extras == {} and mx.array_equal(x, h).item() and x.dtype == mx.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_named_roundtrip_is_bit_exact(dtype):
+    h, ple = _arr((1, 3, H), dtype), _arr((1, 3, 2, P), dtype)
+    f = to_frame(4, 9, h, Flag.SOLO, {"per_layer": ple})
+    assert f.flags == Flag.SOLO | Flag.NAMED and f.dtype is DType.NONE
+    x, extras = from_frame_with(f, hidden=H, dtype=dtype, extras={"per_layer": (2, P)})
+    assert mx.array_equal(x, h).item() and mx.array_equal(extras["per_layer"], ple).item()
+    assert extras["per_layer"].dtype == dtype
+
+
+def test_extras_cannot_be_named_h():
+    with pytest.raises(ValueError, match="cannot be named h"):
+        to_frame(1, 0, _arr((1, 1, H)), extras={"h": _arr((1, 1, H))})
+
+
+GOOD = {"per_layer": (2, P)}
+
+
+@pytest.mark.parametrize("frame,extras,message", [
+    pytest.param(to_frame(1, 0, _arr((1, 2, H))), GOOD, "takes a NAMED frame of h and per_layer", id="plain-for-named"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 2, P))}), {},
+                 "takes the hidden state alone", id="named-for-plain"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H)), extras={"other": _arr((1, 2, 2, P))}), GOOD,
+                 "expected tensors h, per_layer; got h, other", id="wrong-name"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 3, 2, P))}), GOOD,
+                 r"expected per_layer \[1, 2, 2, 4\] in mlx.core.bfloat16, got BFLOAT16 \(1, 3, 2, 4\)", id="other-L"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 3, P))}), GOOD,
+                 r"got BFLOAT16 \(1, 2, 3, 4\)", id="other-width"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 2, P), mx.float32)}), GOOD,
+                 r"got FLOAT32", id="other-dtype"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H + 1)), extras={"per_layer": _arr((1, 2, 2, P))}), GOOD,
+                 r"expected hidden states \[1, L, 8\]", id="other-hidden"),
+    pytest.param(to_frame(1, 0, _arr((1, 2, H), mx.float32), extras={"per_layer": _arr((1, 2, 2, P))}), GOOD,
+                 r"hidden states in FLOAT32", id="hidden-dtype"),
+])
+def test_named_frame_that_does_not_fit_is_refused(frame, extras, message):
+    with pytest.raises(ValueError, match=message):
+        from_frame_with(frame, hidden=H, dtype=mx.bfloat16, extras=extras)
+
+
+def test_malformed_named_payload_is_a_frame_error():
+    f = to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 2, P))})
+    bad = wire.Frame(f.kind, f.request_id, f.position, f.dtype, f.shape, f.flags, f.payload[:-1])
+    with pytest.raises(FrameError, match="bytes do not match"):
+        from_frame_with(bad, hidden=H, dtype=mx.bfloat16, extras=GOOD)
+
+
+def test_first_stage_still_takes_token_ids_only():
+    f = to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 2, P))})
+    with pytest.raises(ValueError, match="1-D int32 frame of token ids"):
+        from_frame(f, first=True, hidden=H, vocab=10, dtype=mx.bfloat16)

@@ -1,0 +1,72 @@
+"""Boundaries the engine refuses (Gemma 4's KV-shared layers stay with their sources) are never
+planned: the balancer cuts elsewhere and a manual split that cuts there is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.engine.support import shared_kv_cuts
+from orchestrator.models.decoder_config import read_config_file
+from orchestrator.models.describe import describe_model
+from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, plan_cluster
+from orchestrator.testmodels.families import build_family_model
+from tests.planner.support import GB, llama, nodes
+
+SHARED = llama().model_copy(update={"refused_boundaries": tuple(range(12, 30))})  # stages may start at 1..11 only
+
+
+def _starts(plan: Plan) -> list[int]:
+    return [s.first_layer for s in plan.stages]
+
+
+def test_the_description_carries_the_refused_boundaries(tmp_path: Path) -> None:
+    model = build_family_model(tmp_path / "g4", "gemma4")
+    described = describe_model(model)
+    assert described.refused_boundaries == (3, 4, 5)
+    assert set(described.refused_boundaries) == set(shared_kv_cuts(read_config_file(model)))
+    plain = describe_model(build_family_model(tmp_path / "llama", "llama"))
+    assert plain.refused_boundaries == ()
+
+
+def test_the_balancer_never_cuts_at_a_refused_boundary() -> None:
+    settings = PlanSettings(context_length=1024, max_concurrent_sequences=1)
+    free = plan_cluster(llama(), nodes(8 * GB, 8 * GB), settings)
+    assert isinstance(free, Plan) and _starts(free)[1] >= 12  # unconstrained, it cuts in the middle
+    plan = plan_cluster(SHARED, nodes(8 * GB, 8 * GB), settings)
+    assert isinstance(plan, Plan), plan
+    assert _starts(plan)[1] == 11  # the closest to balanced that is allowed
+    three = plan_cluster(SHARED, nodes(8 * GB, 8 * GB, 8 * GB), settings)
+    assert isinstance(three, Plan) and all(s not in SHARED.refused_boundaries for s in _starts(three))
+
+
+def test_a_manual_split_at_a_refused_boundary_is_refused() -> None:
+    settings = PlanSettings(context_length=1024, max_concurrent_sequences=1, manual_split=((0, 14), (15, 29)))
+    result = plan_cluster(SHARED, nodes(8 * GB, 8 * GB), settings)
+    assert isinstance(result, Refusal) and set(result.codes) == {RefusalCode.INVALID_SPLIT}
+    assert "stage 1 starts at layer 15, which would separate KV-shared layers" in result.reasons[0].message
+    ok = settings.model_copy(update={"manual_split": ((0, 10), (11, 29))})
+    assert isinstance(plan_cluster(SHARED, nodes(8 * GB, 8 * GB), ok), Plan)
+
+
+def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(tmp_path: Path) -> None:
+    """Per boundary, the planner's bytes per token equal the decode frame the first stage encodes
+    (NAMED frames for Gemma 4, Hunyuan, RWKV-7 and Talkie; the one-tensor frame for Llama)."""
+    from e2e.bench_wire import measured_rows
+
+    rows = measured_rows(tmp_path)
+    assert {f for f, _, _, _ in rows} == {"llama", "gemma4_text", "hunyuan", "rwkv7", "talkie"}
+    assert [(f, b, p) for f, b, p, m in rows if p != m] == []
+    by = {(f, b): p for f, b, p, _ in rows}
+    assert by["llama", 1] == 36 + 64 * 4  # the one-tensor frame: header + hidden state
+    assert by["hunyuan", 1] > by["hunyuan", 2] == by["llama", 1]  # K/V projections only inside a pair
+    assert by["gemma4_text", 1] > by["gemma4_text", 2]  # one layer fewer of per-layer inputs downstream
+    assert by["talkie", 1] == by["talkie", 3] > by["llama", 1] + 64 * 4  # the embedding beside the hidden state
+
+
+def test_the_plan_times_the_widest_boundary() -> None:
+    from orchestrator.planner.memory import plan_wire_bytes, wire_bytes_per_token
+
+    wide = llama().model_copy(update={"boundary_bytes": tuple(1000 + b for b in range(1, 30))})
+    assert wire_bytes_per_token(wide, 3) == 1003
+    assert plan_wire_bytes(wide, ((0, 9), (10, 19), (20, 29))) == 1020
+    assert plan_wire_bytes(llama(), ((0, 14), (15, 29))) == 576 * llama().dtype_bytes
