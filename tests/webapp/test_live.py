@@ -10,11 +10,11 @@ from typing import Iterator
 
 import pytest
 import requests
-import simple_websocket
 from werkzeug.serving import make_server
 
 from orchestrator.control.state import Settings
 from orchestrator.proc import wait_until
+from tests.support import websocket
 from tests.support.html import parse
 from tests.webapp.conftest import Web
 
@@ -32,13 +32,13 @@ def served(web: Web) -> Iterator[tuple[Web, str]]:
     thread.join(5)
 
 
-def _message(ws: simple_websocket.Client, timeout: float = WAIT) -> str:
+def _message(ws: websocket.Client, timeout: float = WAIT) -> str:
     got = ws.receive(timeout)
     assert got is not None, f"no message within {timeout} s"
     return got
 
 
-def _messages_until(ws: simple_websocket.Client, done, timeout: float = WAIT) -> list[str]:
+def _messages_until(ws: websocket.Client, done, timeout: float = WAIT) -> list[str]:
     """Messages received until `done(message)` holds for one (that one included)."""
     seen: list[str] = []
 
@@ -52,9 +52,9 @@ def _messages_until(ws: simple_websocket.Client, done, timeout: float = WAIT) ->
 
 
 def _refusal(url: str, **kwargs) -> tuple[int, str]:
-    ws = simple_websocket.Client.connect(url, **kwargs)
+    ws = websocket.connect(url, **kwargs)
     try:
-        with pytest.raises(simple_websocket.ConnectionClosed) as closed:
+        with pytest.raises(websocket.ConnectionClosed) as closed:
             ws.receive(WAIT)
         return closed.value.reason, closed.value.message or ""
     finally:
@@ -71,7 +71,7 @@ def _drop_everyone(web: Web) -> None:
 
 def test_the_event_feed_sends_the_state_then_one_message_per_event(served):
     web, host = served
-    ws = simple_websocket.Client.connect(f"ws://{host}/ws/events?token={web.viewer_token}")
+    ws = websocket.connect(f"ws://{host}/ws/events?token={web.viewer_token}")
     try:
         first = json.loads(_message(ws))
         assert first["type"] == "state" and first["state"]["settings"]["distributed_enabled"] is False
@@ -94,7 +94,7 @@ def test_the_event_feed_refuses_without_a_valid_credential(served, query: str):
 
 def test_a_dropped_event_feed_gets_a_fresh_state_and_goes_on(served):
     web, host = served
-    ws = simple_websocket.Client.connect(f"ws://{host}/ws/events?token={web.admin_token}")
+    ws = websocket.connect(f"ws://{host}/ws/events?token={web.admin_token}")
     try:
         assert json.loads(_message(ws))["type"] == "state"
         web.orch.update_settings(Settings(distributed_enabled=True))  # missed: the socket is dropped before it reads
@@ -116,7 +116,7 @@ def test_a_dropped_browser_socket_gets_every_component_again(served):
                         timeout=WAIT).status_code == 302
     cookie = f"session={browser.cookies['session']}"
     url = f"ws://{host}/ws?components=settings-status,nodes,settings-form"  # a form is never pushed
-    ws = simple_websocket.Client.connect(url, headers={"Cookie": cookie})
+    ws = websocket.connect(url, headers={"Cookie": cookie})
     try:
         first = parse(_message(ws))
         assert [e.attrs["id"] for e in first.children] == ["settings-status", "nodes"]
