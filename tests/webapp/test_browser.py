@@ -1,6 +1,7 @@
 """In Chromium, against a real dashboard: the Content-Security-Policy blocks nothing the pages
 need (htmx, the live socket, the chat script), and a viewer's open page goes to the login page
-by itself after an admin's Revoke (issue 9 items 7 and 17; how soon is printed)."""
+by itself after an admin's Revoke (issue 9 items 7 and 17; how soon is printed), and a drawer
+opened just before a live push stays open."""
 
 from __future__ import annotations
 
@@ -109,3 +110,23 @@ def test_chat_shows_a_replys_tool_calls_in_their_own_block(browser, dashboard: D
     shot = Path(__file__).resolve().parents[2] / "artifacts" / "chat-tool-call.png"
     shot.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(shot))
+
+
+def test_a_drawer_opened_just_before_a_push_stays_open(browser, dashboard: Dashboard):
+    """app.js keeps open drawers open across re-renders. A push can be swapped in after the click
+    that opened a drawer and before that drawer's "toggle" event (a task later): the fresh copy
+    must still come in open (e2e test_recovery once found the Sessions drawer closed again)."""
+    page = _log_in(browser, dashboard, [])
+    page.goto(dashboard.url + "/sessions")
+    opened = page.evaluate("""() => {
+        const shown = document.createElement("details");
+        shown.dataset.keep = "drawer-x";
+        shown.innerHTML = "<summary>Details</summary><p>inside</p>";
+        document.body.append(shown);
+        shown.querySelector("summary").click();  // opens it now; its toggle event comes later
+        const fresh = document.createElement("div");
+        fresh.innerHTML = '<details data-keep="drawer-x"><summary>Details</summary></details>';
+        document.body.dispatchEvent(new CustomEvent("htmx:oobBeforeSwap", {detail: {target: shown, fragment: fresh}}));
+        return [shown.open, fresh.firstChild.open];
+    }""")
+    assert opened == [True, True]
