@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie")
+FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3")
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 
 # Published shapes (config keys as their config.json gives them), for the planner's column only.
@@ -24,6 +24,9 @@ PUBLISHED = {
                     "hidden_size_per_layer_input": 256, "num_kv_shared_layers": 20, "sliding_window_pattern": 5},
     "Hunyuan-Large": {"model_type": "hunyuan", "hidden_size": 6400, "num_hidden_layers": 64, "use_cla": True,
                       "cla_share_factor": 2, "num_attention_heads": 80, "num_key_value_heads": 8},
+    # mlx-lm's kimi_k3.py defaults (93 layers of 7168); the block size is an assumption of ours
+    "Kimi-K3 (blocks of 12)": {"model_type": "kimi_k3", "hidden_size": 7168, "num_hidden_layers": 93,
+                               "attn_res_block_size": 12},
 }
 
 

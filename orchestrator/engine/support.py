@@ -68,6 +68,8 @@ FAMILIES: dict[str, str] = {
     "glm4_moe_lite": "GLM-4.7-Flash (MLA, MoE)",
     "deepseek_v32": "DeepSeek-V3.2 (MLA with sparse indexer, MoE)",
     "kimi_linear": "Kimi-Linear (hybrid delta attention, MLA, MoE)",
+    "kimi_k3": "Kimi-K3 (attention residuals: every block's output so far crosses each boundary; hybrid delta "
+               "attention, MLA, MoE)",
     "mimo_v2_flash": "MiMo-V2-Flash (sliding/global, sinks, MoE)",
     "step3p5": "Step-3.5-Flash (sliding/global, MoE)",
     "granitemoehybrid": "Granite 4.0-H (hybrid Mamba, MoE)",
@@ -151,7 +153,8 @@ ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_att
                                  "kimi_vl": "self_attn", "kimi_k25": "self_attn",
                                  "minimax_m3_vl": "self_attn", "gpt_bigcode": "attn", "stablelm": "self_attn",
                                  "plamo": "self_attn", "plamo2": "mixer", "longcat_flash_ngram": "self_attn",
-                                 "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn"}
+                                 "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn",
+                                 "kimi_k3": "self_attn"}
 
 # Families served exactly whose decode steps run one request at a time (batch.py refuses
 # their batch, and says why in the stage's stats): the reason, for the README.
@@ -171,7 +174,7 @@ ARCHITECTURE_ALIASES: dict[tuple[str, str], str] = {("bailing_hybrid", "BailingM
 # Families whose mlx-lm module loads the text decoder of a multimodal checkpoint (its
 # sanitize() drops the vision tower, which no stage then reads): served text-only.
 TEXT_OF_MULTIMODAL = frozenset({"qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llama4", "mistral3", "pixtral",
-                                "qwen2_vl",
+                                "qwen2_vl", "kimi_k3",
                                 "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25", "lfm2_vl", "minimax_m3_vl"})
 
 # Every other model module of mlx-lm 0.32.2, refused with the mechanism the split engine
@@ -182,9 +185,6 @@ REFUSED: dict[str, str] = {
                     "to layer, and shares compressed KV and index keys across layers in its own layer cache "
                     "(missing: those streams and that state as tensors of the NAMED stage frame, and its layer "
                     "cache kept in step by the skipped layers' stand-ins)",
-    "kimi_k3": "Kimi-K3's attention-residual blocks read the outputs of earlier layers of their block across "
-               "stage boundaries (missing: those block outputs handed on as tensors of the NAMED stage frame; its "
-               "tuple-returning layers alone would pass the stand-ins as Gemma 4's do)",
     "gemma3n": "Gemma 3n runs AltUp's several parallel hidden streams between layers, besides per-layer inputs "
                "and K/V shared across layers (missing: the AltUp streams across a boundary and its own KV-sharing "
                "boundaries; per-layer inputs cross as Gemma 4's do)",
@@ -207,7 +207,7 @@ REFUSED: dict[str, str] = {
 
 # Families whose decoder layers return a tuple, hidden state first (Gemma 4: hidden state,
 # the K/V its KV-shared layers reuse, their offset): the arity the stand-ins must return.
-TUPLE_LAYERS: dict[str, int] = {"gemma4_text": 3, "gemma4": 3, "hunyuan": 2, "rwkv7": 2}
+TUPLE_LAYERS: dict[str, int] = {"gemma4_text": 3, "gemma4": 3, "hunyuan": 2, "rwkv7": 2, "kimi_k3": 2}
 
 # Families that feed every layer a per-layer input computed from the token ids by these
 # parts outside the layer list (when the config enables them): the first stage owns them, and
@@ -225,6 +225,11 @@ def per_layer_width(config: dict[str, Any]) -> int:
     return int(decoder_view(config).get("hidden_size_per_layer_input", 256) or 0)
 
 
+# Parts outside the layer list that the model's code reads on every stage, each a vector or two
+# (Kimi-K3's output mix of its attention residuals runs after the layers, whatever the stage):
+# kept, never hollowed.
+KEPT_EVERYWHERE: dict[str, tuple[str, ...]] = {"kimi_k3": ("output_attn_res_proj", "output_attn_res_norm")}
+
 # Families whose layers take the hidden state as another positional argument than the first
 # (Talkie's blocks take the normalised token embedding first): what the stand-ins replace.
 HIDDEN_AT: dict[str, int] = {"talkie": 1}
@@ -239,9 +244,13 @@ GIVEN_INPUT: dict[str, tuple[int, str]] = {"talkie": (0, "embedding")}
 # Families whose layer hands the next one state beside the hidden state through the model's
 # loop, which a boundary may fall between (Hunyuan's cross-layer attention: each group of
 # cla_share_factor layers attends with the first one's K/V projections of this step; RWKV-7's
-# first layer's value residual, v_first, which every later layer reads). The
-# position of the layer's argument that takes it, and its parts' names on the wire.
-HANDED_ON: dict[str, tuple[int, tuple[str, ...]]] = {"hunyuan": (3, ("keys", "values")), "rwkv7": (1, ("v_first",))}
+# first layer's value residual, v_first, which every later layer reads; Kimi-K3's attention
+# residuals, the output of every block so far, which each layer mixes into its input). The
+# layer's argument that takes it (a position, or a keyword the skipped layers hand on as they
+# got it), and its parts' names on the wire.
+HANDED_ON: dict[str, tuple[int | str, tuple[str, ...]]] = {
+    "hunyuan": (3, ("keys", "values")), "rwkv7": (1, ("v_first",)), "kimi_k3": ("blocks", ("attn_res_blocks",)),
+}
 
 
 def handed_on(config: dict[str, Any], boundary: int) -> dict[str, tuple[int, ...]]:
@@ -251,6 +260,11 @@ def handed_on(config: dict[str, Any], boundary: int) -> dict[str, tuple[int, ...
     if family not in HANDED_ON:
         return {}
     view = decoder_view(config)
+    if family == "kimi_k3":  # one [B, L, hidden] per block begun before the boundary (blocks start at 0)
+        size = view.get("attn_res_block_size")
+        if not size or boundary <= 0:
+            return {}
+        return {"attn_res_blocks": (-(-boundary // int(size)), int(view["hidden_size"]))}
     if family == "rwkv7":  # v_first: [B, L, heads, head_dim], from layer 0 on
         head_dim = int(view["head_dim"])
         return {"v_first": (int(view["hidden_size"]) // head_dim, head_dim)} if boundary > 0 else {}

@@ -281,7 +281,7 @@ RULES: dict[str, Rule] = {
     "mimo_v2_flash": _mimo_v2, "step3p5": _step3p5,
     "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_next, "qwen3_5_moe": _qwen3_next,
     "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "jamba": _jamba,
-    "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear,
+    "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear, "kimi_k3": _kimi_linear,
     "deepseek_v3": _mla, "glm4_moe_lite": _mla, "mistral4": _mla, "deepseek_v32": _deepseek_v32,
     "glm_moe_dsa": _deepseek_v32, "longcat_flash": _longcat_flash, "bailing_moe_v3": _bailing_moe_v3,
     "deepseek_v2": _deepseek_v2,

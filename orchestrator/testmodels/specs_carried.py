@@ -1,6 +1,6 @@
 """Specs of the families whose stage boundary carries more than the hidden state: Gemma 4
 (gemma4_text, and gemma4 as published, its decoder under `text_config` beside a vision tower)
-Hunyuan-Large (hunyuan), RWKV-7 (rwkv7) and Talkie (talkie).
+Hunyuan-Large (hunyuan), RWKV-7 (rwkv7), Talkie (talkie) and Kimi-K3 (kimi_k3).
 
 Six layers, sliding windows of 8 with a global layer every 3rd (S S F S S F); the last two
 reuse the K/V of layers 3 (sliding) and 2 (global), so a boundary before layer 3, 4 or 5 is
@@ -12,6 +12,9 @@ attends with the first one's K/V projections, which cross a boundary at 1, 3 or 
 four layers; layer 0's value residual (v_first, [1, L, heads, head_dim]) crosses every boundary.
 Talkie: four layers that each take the normalised token embedding (their first argument, the
 hidden state their second) and add it back with a learned gain; it crosses every boundary.
+Kimi-K3: Kimi-Linear's six hybrid layers with attention residuals in blocks of two: each layer's
+input mixes the outputs of every block so far, which cross each boundary (one block at 1 and 2,
+two at 3, three at 5).
 """
 
 from __future__ import annotations
@@ -82,5 +85,23 @@ CARRIED = MappingProxyType({
         "Talkie shape: weightless norms, every block adds the normalised token embedding back with a learned "
         "gain (it crosses each boundary beside the hidden state), a bare gained output projection",
         fills=(("embed_skip.a_g", 16.0),),
+    ),
+    "kimi_k3": FamilySpec(
+        "kimi_k3",
+        {**BASE, "num_hidden_layers": 6, "num_key_value_heads": 4,
+         "linear_attn_config": {"kda_layers": [1, 2, 4, 5], "full_attn_layers": [3, 6], "num_heads": 4,
+                                "head_dim": 16, "short_conv_kernel_size": 4},
+         "num_experts": 8, "moe_intermediate_size": 64, "num_experts_per_token": 2, "num_shared_experts": 1,
+         "kv_lora_rank": 64, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 16,
+         "mla_use_nope": True, "first_k_dense_replace": 1, "moe_router_activation_func": "sigmoid",
+         "routed_scaling_factor": 2.5, "hidden_act": "situ", "activation_situ_beta": 4.0,
+         "attn_res_block_size": 2, "tie_word_embeddings": False},
+        "LD LE NE LE LE NE",
+        "Kimi-K3 as published: its decoder under text_config beside a vision tower; Kimi delta attention "
+        "with MLA every 3rd layer, experts from layer 1, attention residuals over blocks of two layers "
+        "(every block's output so far crosses each boundary)",
+        text_config=True,
+        text_model_type="kimi_k3_text",
+        tower="vision_tower",
     ),
 })

@@ -97,9 +97,11 @@ def test_copies_take_each_file_once_the_hub_node_has_verified_it(fenv: FollowEnv
     try:
         # The hub node is stuck half way through the last shard, and the copying nodes already
         # hold the first shard, verified (renamed from .part only after its sha256 matched).
-        wait_until(lambda: all(partial(x, "m", FIRST).is_file() for x in (b, c)), 60,
-                   message="the copying nodes hold the first shard")
-        assert (a.models_dir / ".partial" / "m" / "files" / (HELD + ".part")).is_file()
+        # (Both awaited: on a loaded machine the copies can take the first shard while the hub
+        # node is still on the second, before it reached the held one.)
+        held_part = a.models_dir / ".partial" / "m" / "files" / (HELD + ".part")
+        wait_until(lambda: held_part.is_file() and all(partial(x, "m", FIRST).is_file() for x in (b, c)), 60,
+                   message="the hub node half way through the last shard, the copying nodes holding the first")
         assert not (a.models_dir / "m").exists()
         for x in (b, c):
             assert partial(x, "m", FIRST).read_bytes() == (sharded_model / FIRST).read_bytes()

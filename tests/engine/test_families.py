@@ -101,10 +101,10 @@ def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
 
 
 @pytest.mark.slow
-# gemma4_text, hunyuan, rwkv7, talkie: NAMED frames (per-layer inputs, handed-on K/V, v_first, the
-# normalised embedding) between real processes
+# gemma4_text, hunyuan, rwkv7, talkie, kimi_k3: NAMED frames (per-layer inputs, handed-on K/V, v_first,
+# the normalised embedding, attention residuals) between real processes
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "nemotron_h", "jamba",
-                                    "gemma4_text", "hunyuan", "rwkv7", "talkie"])
+                                    "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3"])
 def test_real_stages_serve_concurrent_requests_like_solo_runs(family_model, launch, family):
     """Real stage processes over TCP; three requests at once, each with its solo tokens."""
     model = family_model(family)

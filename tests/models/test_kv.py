@@ -88,6 +88,7 @@ TABLE = {
     "lfm2_moe": {"attention": STANDARD, "state": 2 * 64 * F32},
     # MLA without RoPE layers, Kimi delta attention: 3 convs of 3 x 4x16, float32 state 4 x 16 x 16
     "kimi_linear": {"attention": LATENT, "state": 3 * 3 * 64 * F32 + 4 * 16 * 16 * 4},
+    "kimi_k3": {"attention": LATENT, "state": 3 * 3 * 64 * F32 + 4 * 16 * 16 * 4},  # Kimi-Linear's layers
     "ministral3": WINDOWED,
     "exaone_moe": WINDOWED,
     "afmoe": WINDOWED,

@@ -50,17 +50,19 @@ def test_a_manual_split_at_a_refused_boundary_is_refused() -> None:
 
 def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(tmp_path: Path) -> None:
     """Per boundary, the planner's bytes per token equal the decode frame the first stage encodes
-    (NAMED frames for Gemma 4, Hunyuan, RWKV-7 and Talkie; the one-tensor frame for Llama)."""
+    (NAMED frames for Gemma 4, Hunyuan, RWKV-7, Talkie and Kimi-K3; the one-tensor frame for Llama)."""
     from e2e.bench_wire import measured_rows
 
     rows = measured_rows(tmp_path)
-    assert {f for f, _, _, _ in rows} == {"llama", "gemma4_text", "hunyuan", "rwkv7", "talkie"}
+    assert {f for f, _, _, _ in rows} == {"llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3"}
     assert [(f, b, p) for f, b, p, m in rows if p != m] == []
     by = {(f, b): p for f, b, p, _ in rows}
     assert by["llama", 1] == 36 + 64 * 4  # the one-tensor frame: header + hidden state
     assert by["hunyuan", 1] > by["hunyuan", 2] == by["llama", 1]  # K/V projections only inside a pair
     assert by["gemma4_text", 1] > by["gemma4_text", 2]  # one layer fewer of per-layer inputs downstream
     assert by["talkie", 1] == by["talkie", 3] > by["llama", 1] + 64 * 4  # the embedding beside the hidden state
+    # one more block of attention residuals [64 floats] beyond each block start (layers 0, 2, 4)
+    assert by["kimi_k3", 1] == by["kimi_k3", 2] < by["kimi_k3", 3] == by["kimi_k3", 4] < by["kimi_k3", 5]
 
 
 def test_the_plan_times_the_widest_boundary() -> None:

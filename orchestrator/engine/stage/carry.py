@@ -7,11 +7,14 @@ family's own code, and each boundary carries, beside the hidden state, the per-l
 of the layers downstream of it: `Carry` on this side, a NAMED frame on the wire
 (engine/tensors.py). A stage feeds each of its layers the slice the family's loop would
 have given it (`PerLayerFeed`, through the `PerLayer` wrappers of stand_ins.py).
+
+What a layer hands the next one (support.HANDED_ON) travels the same way; when that is an
+object rather than tensors (Kimi-K3's attention residuals), `handed_codec` converts it.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
@@ -81,3 +84,37 @@ class PerLayerFeed:
         if missing:
             raise RuntimeError(f"no per-layer input reached layers {missing}")
         return mx.stack([self.taken[j] for j in range(self.end, self.n)], axis=2)
+
+
+class AttentionResiduals:
+    """Kimi-K3's attention residuals across a boundary.
+
+    Its layers hand each other mlx-lm's own `ResidualBlocks` (the output of every block so far,
+    each with its inverse RMS); a boundary carries the blocks as one [B, L, blocks, hidden]
+    tensor, and the next stage appends them back one by one, as the layers that began them did,
+    so the inverse RMS is computed from the same values by the same operation.
+    """
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def to_wire(self, blocks: Any) -> mx.array:
+        """The blocks as [B, L, blocks, hidden]."""
+        return mx.moveaxis(blocks.raw, 0, 2)
+
+    def from_wire(self, tensor: mx.array) -> Any:
+        """A `ResidualBlocks` holding the received blocks, in order."""
+        from mlx_lm.models.kimi_k3 import ResidualBlocks  # only a Kimi-K3 stage imports its module
+
+        blocks = ResidualBlocks(self.eps)
+        for j in range(tensor.shape[2]):
+            blocks.append(tensor[:, :, j, :])
+        return blocks
+
+
+def handed_codec(family: str, view: dict[str, Any]) -> AttentionResiduals | None:
+    """How a family's handed-on state becomes tensors on the wire and back, when it is not
+    already tensors (support.HANDED_ON): Kimi-K3's attention residuals; None for the others."""
+    if family == "kimi_k3" and view.get("attn_res_block_size"):
+        return AttentionResiduals(float(view.get("rms_norm_eps", 1e-5)))
+    return None

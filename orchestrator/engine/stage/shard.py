@@ -31,7 +31,7 @@ from orchestrator.engine.stage.batch import (
     snapshot,
     split_attention_by_row,
 )
-from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, row
+from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, handed_codec, row
 from orchestrator.engine.stage.interrupt import LayerChecks
 from orchestrator.engine.stage.stand_ins import Checkpoint, Entry, Exit, Given, GivenSource, Hollow, PerLayer, Skip
 from orchestrator.models.decoder_config import ModelConfigError, decoder_facts, decoder_view, read_config_file
@@ -110,8 +110,10 @@ class StageModel:
         family = support.family_of(config) or ""
         returns = support.TUPLE_LAYERS.get(family, 1)
         hidden_at = support.HIDDEN_AT.get(family, 0)
+        handed_at = support.HANDED_ON.get(family, (0, ()))[0]
+        passes = handed_at if isinstance(handed_at, str) else None
         for i in [*range(start), *range(end, n)]:
-            layers[i] = Skip(layers[i], returns, hidden_at)
+            layers[i] = Skip(layers[i], returns, hidden_at, passes)
         row_attention = support.row_attention(config)
         if row_attention:
             for layer in layers[start:end]:
@@ -140,7 +142,8 @@ class StageModel:
             if not self.first:
                 self.extras_in = {PER_LAYER: (n - start, width)}
         # What a layer hands the next one beside the hidden state, when a boundary falls between.
-        self._handed_at = support.HANDED_ON.get(support.family_of(config) or "", (0, ()))[0]
+        self._handed_at = handed_at
+        self._handed_codec = handed_codec(family, decoder_view(config))
         self._handed_in = {} if self.first else support.handed_on(config, start)
         self._handed_out = {} if self.last else support.handed_on(config, end)
         self.extras_in.update(self._handed_in)
@@ -151,7 +154,7 @@ class StageModel:
         for i in range(start, end):
             layers[i] = Checkpoint(layers[i], self.checks)
         _hollow_ends(model, first=self.first, last=self.last, hidden=self.info.hidden_size, dtype=self.dtype,
-                     per_layer=(per_layer_parts, n * width))
+                     per_layer=(per_layer_parts, n * width), kept=support.KEPT_EVERYWHERE.get(family, ()))
         self._model = model
         mx.eval(model.parameters())
         install_row_attention()
@@ -197,7 +200,8 @@ class StageModel:
         if isinstance(x, Carry):
             if self._handed_in:
                 parts = tuple(x.extras[k] for k in self._handed_in)
-                handed = (self._handed_at, parts if len(parts) > 1 else parts[0])
+                value = parts if len(parts) > 1 else parts[0]
+                handed = (self._handed_at, value if self._handed_codec is None else self._handed_codec.from_wire(value))
             x = x.h
         if self._entry is not None:
             self._entry.feed(x, handed)
@@ -208,7 +212,8 @@ class StageModel:
         h, *rest = self._exit.take_all()
         extras = {} if self._feed is None else {PER_LAYER: self._feed.outgoing()}
         if self._handed_out:
-            extras.update(zip(self._handed_out, rest[0] if isinstance(rest[0], tuple) else (rest[0],)))
+            value = rest[0] if self._handed_codec is None else self._handed_codec.to_wire(rest[0])
+            extras.update(zip(self._handed_out, value if isinstance(value, tuple) else (value,)))
         if self._given_name:
             extras[self._given_name] = self._exit.kept()
         return Carry(h, extras) if extras else h
@@ -274,7 +279,7 @@ def _activation_dtype(model: nn.Module, layer: nn.Module) -> mx.Dtype:
 
 
 def _hollow_ends(model: nn.Module, *, first: bool, last: bool, hidden: int, dtype: mx.Dtype,
-                 per_layer: tuple[tuple[str, ...], int] = ((), 0)) -> None:
+                 per_layer: tuple[tuple[str, ...], int] = ((), 0), kept: tuple[str, ...] = ()) -> None:
     """Replace the embedding / final norm / head the stage does not own by weightless stand-ins.
 
     Outside the layer list: embeddings belong to the first stage (and the last when the head
@@ -282,9 +287,10 @@ def _hollow_ends(model: nn.Module, *, first: bool, last: bool, hidden: int, dtyp
     the last. Anything else (rare, small) stays on every stage. The parts that compute per-layer
     inputs (`per_layer`: their keys and output width) belong to the first stage; elsewhere they
     yield zeros of that width, which no layer reads (each takes the received inputs instead).
+    The parts named in `kept` stay on every stage (support.KEPT_EVERYWHERE).
     """
     keys, width = per_layer
-    parts = [p for p in _outer_parts(model) if p[2] not in keys]
+    parts = [p for p in _outer_parts(model) if p[2] not in keys and p[2] not in kept]
     if not first:
         for role, parent, key in _outer_parts(model):
             if key in keys:

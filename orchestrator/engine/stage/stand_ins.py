@@ -143,20 +143,24 @@ class Skip(_Mimic):
 
     `returns` > 1: the family's layers return a tuple (hidden state first, then what its loop
     hands to later layers, Gemma 4's K/V and offset); a skipped layer returns the hidden state
-    and Nones, which only a layer this stage also skips can read (support.shared_kv_cuts).
+    and Nones, which only a layer this stage also skips can read (support.shared_kv_cuts), or,
+    with `passes`, the keyword argument of that name as it was given (Kimi-K3's residual blocks).
     """
 
-    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0) -> None:
+    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0, passes: str | None = None) -> None:
         super().__init__(layer)
         _copy_plain(layer, self)
         object.__setattr__(self, "_returns", returns)
         object.__setattr__(self, "_hidden_at", hidden_at)
+        object.__setattr__(self, "_passes", passes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x, args, kwargs = hidden_argument(args, kwargs, self.__dict__["_hidden_at"])
         for cache in _caches_in(args, kwargs):
             _advance(cache, x.shape[1], x.shape[0])
-        returns = self.__dict__["_returns"]
+        returns, passes = self.__dict__["_returns"], self.__dict__["_passes"]
+        if passes is not None:  # handed on as it came (Kimi-K3's residual blocks: the model's code reads them after)
+            return x, kwargs.get(passes)
         return x if returns == 1 else (x, *([None] * (returns - 1)))
 
 
@@ -184,9 +188,10 @@ class Entry(_Wrapper):
         super().__init__(layer)
         object.__setattr__(self, "_hidden_at", hidden_at)
 
-    def feed(self, h: mx.array, handed: tuple[int, Any] | None = None) -> None:
+    def feed(self, h: mx.array, handed: tuple[int | str, Any] | None = None) -> None:
         """The hidden state from upstream for the next call (kept off the parameter tree), and
-        `handed` = (argument position, value) to put in place of what the skipped layer handed on."""
+        `handed` = (argument position or keyword, value) to put in place of what the skipped
+        layer handed on."""
         object.__setattr__(self, "_incoming", h)
         object.__setattr__(self, "_handed", handed)
 
@@ -195,7 +200,9 @@ class Entry(_Wrapper):
         if h is None:
             raise RuntimeError("stage entry called without a hidden state from upstream")
         handed = self.__dict__.pop("_handed", None)
-        if handed is not None:
+        if handed is not None and isinstance(handed[0], str):
+            kwargs = {**kwargs, handed[0]: handed[1]}
+        elif handed is not None:
             at, value = handed
             if len(args) <= at:
                 raise RuntimeError(f"the layer was not handed argument {at} to replace")
