@@ -65,6 +65,16 @@ def web(tmp_path: Path) -> Iterator[Web]:
 
 
 @pytest.fixture
+def still(tmp_path: Path) -> Iterator[Web]:
+    """A started orchestrator that never reaches out (no watcher): for a test that puts made-up
+    nodes in its state, which a watcher would probe, find unreachable and mark so meanwhile."""
+    (tmp_path / "router.yaml").write_text("backends: []\n")
+    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(tmp_path / "router.yaml")).start(look=False)
+    yield make_web(tmp_path, orch)
+    orch.stop()
+
+
+@pytest.fixture
 def rich(tmp_path: Path) -> Iterator[Web]:
     """An orchestrator holding a hand-made state with everything in it (nodes, a discovered
     node, a plan, a preparation, a running cluster with samples, an ended one): for rendering

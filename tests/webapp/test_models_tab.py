@@ -70,9 +70,9 @@ def test_a_listing_says_what_it_would_fetch_and_what_stops_it():
     assert any("Too big for node-a" in p for p in view["problems"])
 
 
-def test_the_local_tab_for_admins_and_viewers(web: Web):
-    web.orch._state = state_with_models(web.orch.state)
-    admin = parse(web.client("admin").get("/models?tab=local").get_data(as_text=True))
+def test_the_local_tab_for_admins_and_viewers(still: Web):
+    still.orch._state = state_with_models(still.orch.state)
+    admin = parse(still.client("admin").get("/models?tab=local").get_data(as_text=True))
     table = admin.by_id("local-models")
     assert table.find("tr", **{"data-model": "tiny"})
     buttons = [(b.text, b.disabled) for b in table.find_all("button")]
@@ -80,7 +80,7 @@ def test_the_local_tab_for_admins_and_viewers(web: Web):
     assert admin.by_id("download-form").find("input", name="repo_id")
     downloads = admin.by_id("model-downloads")
     assert "2 min 30 s left" in downloads.text and downloads.find("button").text == "Cancel"
-    viewer = parse(web.client("viewer").get("/models?tab=local").get_data(as_text=True))
+    viewer = parse(still.client("viewer").get("/models?tab=local").get_data(as_text=True))
     assert not viewer.by_id("local-models").find_all("button") and not viewer.by_id("download-form").find_all("input")
 
 
@@ -101,7 +101,7 @@ def test_refusals_are_shown_in_place_and_change_nothing(web: Web):
                        headers={"X-CSRF-Token": csrf_of(viewer)}).status_code == 403
 
 
-def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_typed(web: Web):
+def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_typed(still: Web):
     """download-options is the form's live digest: pushed when the offered nodes change (a node
     registered, removed, or unreachable), it fetches the form with the user's input and swaps in
     only the node toggles (#download-nodes); the fields being typed are never in what it swaps."""
@@ -109,7 +109,7 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
     from webapp.views.models import download_options_view
 
     admin_ctx = ViewContext(role="admin")
-    one = web.orch.state.model_copy(update={"nodes": (node("node-a", "fa", []),)})
+    one = still.orch.state.model_copy(update={"nodes": (node("node-a", "fa", []),)})
     two = one.model_copy(update={"nodes": one.nodes + (node("node-b", "fb", []),)})
     down = two.model_copy(update={"nodes": (two.nodes[0], node("node-b", "fb", [], reachable=False))})
     digests = [download_options_view(s, admin_ctx)["digest"] for s in (one, two, down)]
@@ -117,16 +117,16 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
     assert {"node_registered", "node_removed", "node_reported", "node_unreachable"} <= BY_NAME["download-options"].kinds
     assert not BY_NAME["download-form"].live  # the form itself is never pushed
 
-    with web.app.test_request_context():
+    with still.app.test_request_context():
         pushed = parse(render("download-options", two, admin_ctx, oob=True)).by_id("download-options")
     assert pushed.attrs["hx-get"] == "/models/download-form" and pushed.attrs["hx-include"] == "#download-model"
     assert pushed.attrs["hx-swap"] == "none" and pushed.attrs["hx-select-oob"] == "#download-nodes"
 
-    web.orch._state = two  # node-b registered after the page loaded
-    page = parse(web.client("admin").get("/models?tab=local").get_data(as_text=True))
+    still.orch._state = two  # node-b registered after the page loaded
+    page = parse(still.client("admin").get("/models?tab=local").get_data(as_text=True))
     assert page.by_id("download-options").attrs["data-digest"] == digests[1]
     typed = {"repo_id": "org/typed-by-hand", "revision": "", "model_id": "mine", "nodes": ["fa"]}
-    fresh = parse(web.client("admin").get("/models/download-form", query_string=typed).get_data(as_text=True))
+    fresh = parse(still.client("admin").get("/models/download-form", query_string=typed).get_data(as_text=True))
     toggles = {i.attrs["value"]: "checked" in i.attrs for i in fresh.by_id("download-nodes").find_all("input")}
     assert toggles == {"fa": True, "fb": False}  # the new node is offered, the user's choice kept
     assert fresh.by_id("download-form").find("input", name="repo_id").attrs["value"] == "org/typed-by-hand"
@@ -169,8 +169,8 @@ def test_name_on_the_nodes_is_checked_at_the_field_before_anything_starts(rich):
     assert rich.client("viewer").get("/models/name-check?repo_id=org/x").status_code == 403
 
 
-def test_a_lan_follower_says_it_waits_for_the_first_node_and_finished_downloads_can_be_cleared(web: Web):
-    state = state_with_models(web.orch.state)
+def test_a_lan_follower_says_it_waits_for_the_first_node_and_finished_downloads_can_be_cleared(still: Web):
+    state = state_with_models(still.orch.state)
     dl = state.downloads[0]
     waiting = dl.model_copy(update={"nodes": (dl.nodes[0].model_copy(update={"status": "downloading"}),
                                               dl.nodes[1].model_copy(update={"done_bytes": 0}))})
@@ -180,8 +180,8 @@ def test_a_lan_follower_says_it_waits_for_the_first_node_and_finished_downloads_
     assert not rows["finished"]
     # Clear finished: the finished ones go, a running one stays
     done = dl.model_copy(update={"model_id": "old", "phase": "done"})
-    web.orch._state = state.model_copy(update={"downloads": (done, dl)})
-    admin = web.client("admin")
+    still.orch._state = state.model_copy(update={"downloads": (done, dl)})
+    admin = still.client("admin")
     r = admin.post("/models/downloads/clear", headers={"X-CSRF-Token": csrf_of(admin), "HX-Request": "true"})
-    assert r.status_code == 200 and [d.model_id for d in web.orch.state.downloads] == ["tiny"]
+    assert r.status_code == 200 and [d.model_id for d in still.orch.state.downloads] == ["tiny"]
     assert 'data-download="old"' not in r.get_data(as_text=True)
