@@ -15,4 +15,6 @@ def current_services():
 
 def view_context() -> ViewContext:
     """The current viewer, for view models."""
-    return ViewContext(role=auth.role() or "viewer", csrf=auth.csrf_token(), router_url=current_services().router_url)
+    services = current_services()
+    return ViewContext(role=auth.role() or "viewer", csrf=auth.csrf_token(), router_url=services.router_url,
+                       boot=services.boot)

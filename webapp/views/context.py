@@ -7,11 +7,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ViewContext:
-    """The viewer's role and CSRF token, plus the router URL for links."""
+    """The viewer's role and CSRF token, the router URL for links, and which dashboard process
+    renders (`boot`, part of each component's revision)."""
 
     role: str = "viewer"
     csrf: str = ""
     router_url: str = ""
+    boot: str = ""
 
     @property
     def admin(self) -> bool:
