@@ -155,7 +155,11 @@ ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_att
                                  "minimax_m3_vl": "self_attn", "gpt_bigcode": "attn", "stablelm": "self_attn",
                                  "plamo": "self_attn", "plamo2": "mixer", "longcat_flash_ngram": "self_attn",
                                  "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn",
-                                 "kimi_k3": "self_attn"}
+                                 "kimi_k3": "self_attn", "afm7": "self_attn"}
+# Families whose ROW_ATTENTION applies to the layers of this class only (AFM's KV-reuse layers,
+# handed each request's K/V one entry per row: batch.RowCaches.keys_and_values); their other
+# layers' attention goes through mlx-lm's shared attention, batched.
+ROW_ATTENTION_LAYERS: dict[str, str] = {"afm7": "KVReuseTransformerBlock"}
 
 # Families served exactly whose decode steps run one request at a time (batch.py refuses
 # their batch, and says why in the stage's stats): the reason, for the README.

@@ -126,8 +126,10 @@ class StageModel:
             layers[i] = Skip(layers[i], returns, hidden_at, passes)
         row_attention = support.row_attention(config)
         if row_attention:
+            only = support.ROW_ATTENTION_LAYERS.get(family)
             for layer in layers[start:end]:
-                split_attention_by_row(layer, row_attention)
+                if only is None or type(layer).__name__ == only:
+                    split_attention_by_row(layer, row_attention)
         self._entry = None if self.first else Entry(layers[start], hidden_at)
         if self._entry is not None:
             layers[start] = self._entry
