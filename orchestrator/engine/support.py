@@ -81,6 +81,7 @@ FAMILIES: dict[str, str] = {
     "solar_open": "Solar-Open (MoE)",
     "glm_moe_dsa": "GLM-5 (MLA with sparse indexer, MoE)",
     "bailing_moe_v3": "Ling 2.5 / BailingMoeV3 (Kimi delta attention, MLA, MoE)",
+    "afm7": "Apple Foundation Model (KV-reuse layers stay with the layer whose K/V they read)",
     # Multimodal checkpoints, served by their text decoder (the vision tower is never loaded).
     "gemma3": "Gemma 3 4B-27B (text decoder of the multimodal checkpoint)",
     "gemma4_text": "Gemma 4 text (per-layer inputs cross the stage boundaries; KV-shared layers stay with their "
@@ -154,7 +155,11 @@ ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_att
                                  "minimax_m3_vl": "self_attn", "gpt_bigcode": "attn", "stablelm": "self_attn",
                                  "plamo": "self_attn", "plamo2": "mixer", "longcat_flash_ngram": "self_attn",
                                  "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn",
-                                 "kimi_k3": "self_attn"}
+                                 "kimi_k3": "self_attn", "afm7": "self_attn"}
+# Families whose ROW_ATTENTION applies to the layers of this class only (AFM's KV-reuse layers,
+# handed each request's K/V one entry per row: batch.RowCaches.keys_and_values); their other
+# layers' attention goes through mlx-lm's shared attention, batched.
+ROW_ATTENTION_LAYERS: dict[str, str] = {"afm7": "KVReuseTransformerBlock"}
 
 # Families served exactly whose decode steps run one request at a time (batch.py refuses
 # their batch, and says why in the stage's stats): the reason, for the README.
@@ -188,8 +193,6 @@ REFUSED: dict[str, str] = {
     "gemma3n": "Gemma 3n runs AltUp's several parallel hidden streams between layers, besides per-layer inputs "
                "and K/V shared across layers (missing: the AltUp streams across a boundary and its own KV-sharing "
                "boundaries; per-layer inputs cross as Gemma 4's do)",
-    "afm7": "AFM's last num_kv_reuse_layers layers attend over K/V an earlier layer produced, kept in a second "
-            "layer list (missing: K/V shared across layers that a split may separate)",
     "iquestloopcoder": "IQuest-Coder-Loop runs the whole layer stack loop_num times per token from its model code "
                        "(missing: a step that crosses every stage boundary more than once)",
     "bitnet": "BitNet's BitLinear layers run a Metal-only kernel with no CPU path, so the CPU exactness matrix "
@@ -229,6 +232,11 @@ def per_layer_width(config: dict[str, Any]) -> int:
 # (Kimi-K3's output mix of its attention residuals runs after the layers, whatever the stage):
 # kept, never hollowed.
 KEPT_EVERYWHERE: dict[str, tuple[str, ...]] = {"kimi_k3": ("output_attn_res_proj", "output_attn_res_norm")}
+
+# Families whose model code reads a cache's keys after the layer loop (AFM's KV-reuse layers
+# attend over cache[-1].keys_and_values(), the last layer of model.layers): that cache's index
+# in make_cache()'s list. A stage that skips its layer keeps it readable (and empty).
+READ_AFTER_LAYERS: dict[str, int] = {"afm7": -1}
 
 # Families whose layers take the hidden state as another positional argument than the first
 # (Talkie's blocks take the normalised token embedding first): what the stand-ins replace.
@@ -282,9 +290,13 @@ def shared_kv_cuts(config: dict[str, Any]) -> dict[int, str]:
 
     Gemma 4's last num_kv_shared_layers layers reuse the K/V (the whole cache, every position)
     of the last earlier layer of their attention type; sending that across a boundary would cost
-    the context's K/V per step, so those layers stay on one stage with their sources.
+    the context's K/V per step, so those layers stay on one stage with their sources. AFM's
+    KV-reuse layers likewise stay with the layer whose K/V they read (`_kv_reuse_cuts`).
     """
-    if family_of(config) not in ("gemma4_text", "gemma4"):
+    family = family_of(config)
+    if family == "afm7":
+        return _kv_reuse_cuts(decoder_view(config))
+    if family not in ("gemma4_text", "gemma4"):
         return {}
     view = decoder_view(config)
     n = int(view.get("num_hidden_layers", 35))
@@ -306,6 +318,20 @@ def shared_kv_cuts(config: dict[str, Any]) -> dict[int, str]:
             cuts.setdefault(b, f"a stage boundary before layer {b} separates KV-shared layer {j} from layer "
                                f"{source}, whose K/V it reuses (layers {source}-{j} must share a stage)")
     return cuts
+
+
+def _kv_reuse_cuts(view: dict[str, Any]) -> dict[int, str]:
+    """AFM's last num_kv_reuse_layers layers (its second layer list, model.kv_reuse_layers) all
+    attend over the K/V of the last layer of model.layers, read from that layer's cache after the
+    loop: no stage may start at a reuse layer, so they run on the stage of the layer they read."""
+    n = int(view.get("num_layers", 0) or 0)
+    reuse = int(view.get("num_kv_reuse_layers", 0) or 0)
+    if reuse <= 0 or reuse >= n:
+        return {}
+    source = n - reuse - 1
+    return {b: f"a stage boundary before layer {b} separates KV-reuse layer {b} from layer {source}, whose K/V "
+               f"the KV-reuse layers {source + 1}-{n - 1} read (layers {source}-{n - 1} must share a stage)"
+            for b in range(source + 1, n)}
 
 
 def boundary_tensors(config: dict[str, Any], boundary: int) -> dict[str, tuple[int, ...]]:
@@ -330,6 +356,9 @@ def _config_problem(family: str, config: dict[str, Any]) -> str | None:
     if family == "nanbeige" and int(text.get("num_loops") or 1) > 1:
         return ("Nanbeige with num_loops > 1 runs its layer stack several times per token (missing: a step that "
                 "crosses every stage boundary more than once)")
+    if family == "afm7" and (config.get("quantization") or config.get("quantization_config")):
+        return ("mlx-lm 0.32.2 cannot load a quantized AFM: its fused QKV projection's to_quantized takes no "
+                "quantization mode")
     return None
 
 

@@ -61,6 +61,9 @@ _ROOT = r"^(?:model\.)?(?:language_model\.)?(?:model\.|backbone\.|transformer\.)
 # The decoder stack: layers (most), h (GPT-2, GPT-J, GPT-NeoX, Qwen 1), blocks (DBRX) and
 # PLaMo's layers.layers.
 _LAYER = re.compile(_ROOT + r"(?:layers\.layers|layers|h|blocks)\.(\d+)\.")
+# A second layer list after the first (AFM's KV-reuse layers, model.kv_reuse_layers): its layer j
+# is layer num_layers - len(list) + j of the model (the engine's one index over both lists).
+_SECOND_LAYERS = {"afm7": (re.compile(_ROOT + r"kv_reuse_layers\.(\d+)\."), "num_kv_reuse_layers")}
 # Towers beside the text decoder (vision encoders, their projectors, audio towers): the
 # family's mlx-lm sanitize() drops them, so no stage ever holds them.
 _TOWER = re.compile(r"^(?:model\.)?(?:vision_tower|vision_model|visual|multi_modal_projector|mm_projector|"
@@ -72,9 +75,9 @@ _TOWER = re.compile(r"^(?:model\.)?(?:vision_tower|vision_model|visual|multi_mod
 _EMBEDDING = re.compile(_ROOT + r"(?:ngram_embeddings\.|embd\.)?(?:embed_tokens|embeddings|word_embeddings|"
                         r"tok_embeddings|wte|wpe|embed_in|token_embeddings|embedding|embed)\.")
 # Final norms: norm, norm_f (Nemotron-H, DBRX), final_layernorm (Jamba, Falcon-H1), ln_f (GPT-2),
-# final_layer_norm (GPT-NeoX) and LFM2's embedding_norm, which despite its name runs after the
-# last layer.
-_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm|embedding_norm|ln_f|final_layer_norm)\.")
+# final_layer_norm (GPT-NeoX), AFM's output_norm and LFM2's embedding_norm, which despite its name
+# runs after the last layer.
+_NORM = re.compile(_ROOT + r"(?:norm|norm_f|final_layernorm|embedding_norm|ln_f|final_layer_norm|output_norm)\.")
 # Families whose mlx-lm code always projects with the embedding, whatever config.json says
 # (lfm2-vl.py even sets tie_word_embeddings to False for its lfm2 decoder).
 ALWAYS_TIED = frozenset({"lfm2", "lfm2_moe", "lfm2_vl"})
@@ -118,7 +121,7 @@ class ModelDescription(BaseModel):
     dtype: str  # activation dtype: float32, bfloat16 or float16; the KV cache is stored in it
     dtype_bytes: int  # its element size
     quantization: Quantization | None = None
-    layer_bytes: tuple[int, ...]  # bytes of model.layers.{i}.* for every layer i
+    layer_bytes: tuple[int, ...]  # bytes of model.layers.{i}.* for every layer i (AFM: then its kv_reuse_layers)
     embedding_bytes: int  # model.embed_tokens.*
     norm_bytes: int  # model.norm.* (the final norm)
     head_bytes: int  # lm_head.*; 0 when tied (the head is then the embedding matrix)
@@ -329,15 +332,18 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
     seen = [False] * num_layers
     embedding = norm = head = other = tower = first_only = 0
     first_parts = tuple(f".{part}." for part in PER_LAYER_INPUTS.get(family_of(cfg) or "", ()))
+    second, second_key = _SECOND_LAYERS.get(family_of(cfg) or "", (None, ""))
+    second_start = num_layers - int(cfg.get(second_key) or 0) if second is not None else num_layers
     for tensor, entry in entries.items():
         nbytes = entry["nbytes"]
         match = _LAYER.match(tensor)
+        later = second.match(tensor) if second is not None else None
         if _TOWER.match(tensor):
             tower += nbytes
         elif first_parts and any(part in f".{tensor}" for part in first_parts):
             first_only += nbytes
-        elif match:
-            i = int(match.group(1))
+        elif match or later:
+            i = int(match.group(1)) if match else second_start + int(later.group(1))
             if i >= num_layers:
                 raise ModelDescriptionError(f"{model_dir}: tensor {tensor!r} is beyond the {num_layers} layers "
                                             "config.json declares")

@@ -273,10 +273,20 @@ def _rwkv7(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     return (LayerCache(kind="state", state_bytes=(2 * hidden + hidden * head_dim) * dt),) * n
 
 
+def _afm7(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # model.layers: standard attention, num_kv_heads of hidden_dim / num_heads; the last
+    # num_kv_reuse_layers (model.kv_reuse_layers) attend over the last one's K/V and keep no cache.
+    reuse = int(get(cfg, "num_kv_reuse_layers", 0))
+    heads = int(cfg["num_heads"])
+    dim = int(cfg["hidden_dim"]) // heads
+    attn = LayerCache(kind="attention", token_bytes=kv_bytes(int(get(cfg, "num_kv_heads", heads)), dim, dim, dt))
+    return tuple(NONE if i >= n - reuse else attn for i in range(n))
+
+
 Rule = Callable[[dict[str, Any], int, int], Layers]
 RULES: dict[str, Rule] = {
     "llama": _llama, "mistral": _llama, "ministral3": _llama, "exaone_moe": _llama, "afmoe": _llama,
-    "gemma3_text": _gemma3, "gemma4_text": _gemma4, "gemma4": _gemma4, "rwkv7": _rwkv7,
+    "gemma3_text": _gemma3, "gemma4_text": _gemma4, "gemma4": _gemma4, "rwkv7": _rwkv7, "afm7": _afm7,
     "cohere2": _cohere2, "exaone4": _exaone4, "olmo3": _olmo3, "gpt_oss": _gpt_oss,
     "mimo_v2_flash": _mimo_v2, "step3p5": _step3p5,
     "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_next, "qwen3_5_moe": _qwen3_next,

@@ -23,8 +23,9 @@ class FamilySpec:
     weight-name prefixes left out of the saved file because published checkpoints lack them (the
     loader then ties the head).
     `quants` are the quantizations this family accepts; all five load and generate with
-    mlx-lm 0.32.2. `text_config` nests the config as the published multimodal checkpoints do,
-    with `text_model_type` (default `<model_type>_text`) as the inner model_type and `outer`
+    mlx-lm 0.32.2 (for every family but afm7, which mlx-lm cannot quantize: none).
+    `text_config` nests the config as the published multimodal checkpoints do, with
+    `text_model_type` (default `<model_type>_text`) as the inner model_type and `outer`
     as further top-level keys. `tower` names the prefix of a vision tower the published
     checkpoints carry beside the decoder: the builder then writes a `vision_config` and a few
     NaN-filled tensors under that prefix, which the family's mlx-lm sanitize() must drop (a

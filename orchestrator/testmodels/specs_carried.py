@@ -15,6 +15,9 @@ hidden state their second) and add it back with a learned gain; it crosses every
 Kimi-K3: Kimi-Linear's six hybrid layers with attention residuals in blocks of two: each layer's
 input mixes the outputs of every block so far, which cross each boundary (one block at 1 and 2,
 two at 3, three at 5).
+
+AFM (afm7): six layers, the last two KV-reuse layers (its second layer list) attending over
+layer 3's K/V; a boundary before layer 4 or 5 is refused, so the matrix cuts at 1, 2 and 3.
 """
 
 from __future__ import annotations
@@ -103,5 +106,15 @@ CARRIED = MappingProxyType({
         text_config=True,
         text_model_type="kimi_k3_text",
         tower="vision_tower",
+    ),
+    "afm7": FamilySpec(
+        "afm7",
+        {"hidden_dim": 64, "num_layers": 6, "num_kv_reuse_layers": 2, "num_heads": 4, "num_kv_heads": 2,
+         "hidden_dim_scale_factor": 2.0, "rope_theta": 10000.0, "rms_norm_eps": 1e-5},
+        "FD FD FD FD -D -D",
+        "Apple Foundation Model shape: fused QKV projection, q/k norm after RoPE, fake 8-bit K/V; the last two "
+        "layers (model.kv_reuse_layers) keep no cache and attend over layer 3's K/V; tied head; float only "
+        "(mlx-lm 0.32.2 cannot quantize or load a quantized afm7: its FusedLinear.to_quantized takes no mode)",
+        quants=(),
     ),
 })

@@ -38,7 +38,10 @@ MOE = {name for name, spec in FAMILIES.items() if spec.moe}
 # (test_a_boundary_between_kv_shared_layers_is_refused), so its splits cut at 1 and 2, across
 # which the per-layer inputs of every later layer travel.
 _GEMMA4_SPLITS = [[(0, 1), (1, 6)], [(0, 2), (2, 6)], [(0, 1), (1, 2), (2, 6)]]
-SPLITS = {"gemma4_text": _GEMMA4_SPLITS, "gemma4": _GEMMA4_SPLITS}
+# AFM's KV-reuse layers (4, 5) attend over layer 3's K/V: boundaries 4 and 5 are refused
+# (test_a_boundary_before_afm7_kv_reuse_layers_is_refused); its splits cut at 1, 2 and 3.
+SPLITS = {"gemma4_text": _GEMMA4_SPLITS, "gemma4": _GEMMA4_SPLITS,
+          "afm7": [[(0, 1), (1, 6)], [(0, 3), (3, 6)], [(0, 1), (1, 3), (3, 6)]]}
 
 
 def splits(layers: int, family: str | None = None) -> list[list[tuple[int, int]]]:
@@ -71,7 +74,8 @@ def test_split_equals_mlx_lm(family_model, family):
 # Every family in one quantization (q4 or mixed, alternating: tests/support/matrix.py), a third of the
 # dense ones in bfloat16 (CPU GatherMM is float32-only), and the formats mlx-community publishes for some.
 @pytest.mark.parametrize("family,dtype,quant", [
-    *[(name, "float32", quant) for name, quant in matrix.rows(NAMES, ["q4", "mixed"], every=("llama", "qwen3_moe"))],
+    *[(name, "float32", quant) for name, quant in matrix.rows(NAMES, ["q4", "mixed"], every=("llama", "qwen3_moe"))
+      if quant in FAMILIES[name].quants],  # afm7: float only (mlx-lm cannot quantize it)
     *[(name, "bfloat16", None) for name in matrix.sample([n for n in NAMES if n not in MOE], stride=3)],
     ("llama", "float16", None), ("qwen3", "float32", "q6"), ("gemma3_text", "float32", "q8"),
     ("gpt_oss", "float32", "mxfp4"), ("qwen3_moe", "float32", "mxfp4"),
@@ -234,8 +238,8 @@ def test_a_stage_refuses_an_unsupported_family(family_model, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(family_model("llama"), model)
     config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "model_type": "afm7"}))
-    with pytest.raises(ShardError, match="afm7.*num_kv_reuse_layers.*missing: K/V shared across layers"):
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "gemma3n"}))
+    with pytest.raises(ShardError, match="gemma3n.*AltUp.*missing: the AltUp streams across a boundary"):
         StageModel(model, 0, 2)
 
 
@@ -270,6 +274,54 @@ def test_a_boundary_between_kv_shared_layers_is_refused(family_model, family):
             with pytest.raises(ShardError, match=f"boundary before layer {b} separates KV-shared layer"):
                 StageModel(model, a, z)
     assert "layers 3-4 must share a stage" in cuts[4]
+
+
+def test_a_boundary_before_afm7_kv_reuse_layers_is_refused(family_model):
+    """AFM's KV-reuse layers 4 and 5 (its second layer list) attend over layer 3's K/V: a stage
+    may not start at 4 or 5, and says which layers must share a stage; 1, 2 and 3 are served."""
+    model = family_model("afm7")
+    cuts = support.shared_kv_cuts(json.loads((model / "config.json").read_text()))
+    assert sorted(cuts) == [4, 5]
+    for b in (4, 5):
+        for a, z in ((0, b), (b, 6)):
+            with pytest.raises(ShardError, match=f"boundary before layer {b} separates KV-reuse layer {b} from "
+                                                 "layer 3.*layers 3-5 must share a stage"):
+                StageModel(model, a, z)
+    stages = [StageModel(model, a, b) for a, b in ((0, 1), (1, 3), (3, 6))]
+    assert [type(layer).__name__ for layer in stages[2]._model.layers] == [
+        "Skip", "Skip", "Skip", "Checkpoint", "Checkpoint", "Checkpoint"]  # one index over both lists
+    assert len(stages[0].make_cache()) == 4  # the KV-reuse layers keep no cache
+
+
+def test_the_comparison_detects_afm7_kv_reuse_layers_reading_another_layers_kv(family_model, monkeypatch):
+    """AFM's KV-reuse layers must attend over layer 3's K/V: handing them layer 2's instead (the
+    cache before the last, on the stage that runs both) must fail."""
+    model = family_model("afm7")
+    expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
+    bounds = [(0, 1), (1, 6)]
+    assert_same(expected, run_split(model, bounds))
+
+    class _Shifted(StageModel):
+        def forward(self, x, cache):
+            if self.last:
+                cache = [*cache[:-1], _KVOf(cache[-1], cache[-2])]
+            return super().forward(x, cache)
+
+    with pytest.raises(AssertionError):
+        assert_same(expected, run_split(model, bounds, stage=_Shifted))
+
+
+class _KVOf:
+    """A cache that is `own` in everything but the K/V it gives the model's code after its layers."""
+
+    def __init__(self, own, other) -> None:
+        self.own, self.other = own, other
+
+    def keys_and_values(self):
+        return self.other.keys_and_values()
+
+    def __getattr__(self, key):
+        return getattr(self.__dict__["own"], key)
 
 
 def test_the_comparison_detects_per_layer_inputs_not_crossing(family_model, monkeypatch):

@@ -47,7 +47,7 @@ def test_every_shipped_module_is_served_or_refused_with_its_mechanism() -> None:
 
 
 @pytest.mark.parametrize("model_type,fragment", [
-    ("afm7", "K/V an earlier layer produced"),
+    ("gemma3n", "the AltUp streams across a boundary"),
     ("deepseek_v41", "tensors of the NAMED stage frame"),
     ("iquestloopcoder", "more than once"),
 ])

@@ -51,6 +51,7 @@ TABLE = {
     "gemma3_text": WINDOWED,
     # global layers: num_global_key_value_heads 2 x global_head_dim 32; the KV-shared last two: none
     **{f: {"attention": 2 * 2 * 32 * F32, "sliding": (STANDARD, 8), "none": 0} for f in ("gemma4_text", "gemma4")},
+    "afm7": {"attention": STANDARD, "none": 0},  # head_dim = hidden_dim / num_heads; the two KV-reuse layers: none
     "hunyuan": {"attention": STANDARD},  # head_dim = hidden / heads; cross-layer pairs each keep their own cache
     # ArraysCache(3): two token shifts of 64 and a 4 x 16 x 16 wkv state
     "rwkv7": {"state": (2 * 64 + 4 * 16 * 16) * F32},

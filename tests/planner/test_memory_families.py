@@ -65,6 +65,8 @@ def test_plan_matches_measured_stage_memory(tmp_path: Path) -> None:
     # every family in one format, representative ones in all (`make test-matrix`: every pair)
     for family, quant in matrix.rows(sorted(FAMILIES), QUANTS, every=("llama", "qwen3_moe", "gemma4_text")):
         spec = FAMILIES[family]
+        if quant is not None and quant not in spec.quants:  # afm7: float only (mlx-lm cannot quantize it)
+            continue
         half = len(spec.layers) // 2
         model_dir = build_family_model(tmp_path / f"{family}-{quant}", family, quant=quant)
         refused = describe_model(model_dir).refused_boundaries

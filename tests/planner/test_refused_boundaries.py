@@ -1,4 +1,5 @@
-"""Boundaries the engine refuses (Gemma 4's KV-shared layers stay with their sources) are never
+"""Boundaries the engine refuses (Gemma 4's KV-shared layers stay with their sources, AFM's KV-reuse
+layers with the layer whose K/V they read) are never
 planned: the balancer cuts elsewhere and a manual split that cuts there is refused."""
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def test_the_description_carries_the_refused_boundaries(tmp_path: Path) -> None:
     described = describe_model(model)
     assert described.refused_boundaries == (3, 4, 5)
     assert set(described.refused_boundaries) == set(shared_kv_cuts(read_config_file(model)))
+    afm = build_family_model(tmp_path / "afm7", "afm7")  # its KV-reuse layers 4, 5 stay with layer 3
+    assert describe_model(afm).refused_boundaries == (4, 5) == tuple(sorted(shared_kv_cuts(read_config_file(afm))))
     plain = describe_model(build_family_model(tmp_path / "llama", "llama"))
     assert plain.refused_boundaries == ()
 

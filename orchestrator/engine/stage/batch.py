@@ -55,6 +55,13 @@ class RowCaches:
         self.placeholders = (keys, values)
         return keys, values
 
+    def keys_and_values(self) -> tuple["PerRow", "PerRow"]:
+        """Every request's own keys and values, as a family's code reads them after its layers
+        (AFM's KV-reuse layers attend over the last cache's): one entry per row, which the
+        row-split attention of the layers handed them (support.ROW_ATTENTION) takes row by row."""
+        pairs = [r.keys_and_values() for r in self.rows]
+        return PerRow(k for k, _ in pairs), PerRow(v for _, v in pairs)
+
     def make_mask(self, n: int, **kwargs: Any) -> Any:
         """Each row's own mask; None when no row needs one (a decode step without window)."""
         masks = [r.make_mask(n, **kwargs) for r in self.rows]

@@ -71,8 +71,8 @@ class DiskEntry:
 
 
 def _skipped(c: Any) -> bool:
-    """A skipped layer's cache: positions only, no arrays (stand_ins.py)."""
-    return type(c) is KVCache and c.keys is None
+    """A skipped layer's cache: positions only, no arrays, or zero-size ones (stand_ins.keep_readable)."""
+    return type(c) is KVCache and (c.keys is None or c.keys.size == 0)
 
 
 def _header(path: Path) -> tuple[dict[str, str], list[str]]:

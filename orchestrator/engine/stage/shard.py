@@ -33,7 +33,17 @@ from orchestrator.engine.stage.batch import (
 )
 from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, handed_codec, row
 from orchestrator.engine.stage.interrupt import LayerChecks
-from orchestrator.engine.stage.stand_ins import Checkpoint, Entry, Exit, Given, GivenSource, Hollow, PerLayer, Skip
+from orchestrator.engine.stage.stand_ins import (
+    Checkpoint,
+    Entry,
+    Exit,
+    Given,
+    GivenSource,
+    Hollow,
+    PerLayer,
+    Skip,
+    keep_readable,
+)
 from orchestrator.models.decoder_config import ModelConfigError, decoder_facts, decoder_view, read_config_file
 
 
@@ -116,8 +126,10 @@ class StageModel:
             layers[i] = Skip(layers[i], returns, hidden_at, passes)
         row_attention = support.row_attention(config)
         if row_attention:
+            only = support.ROW_ATTENTION_LAYERS.get(family)
             for layer in layers[start:end]:
-                split_attention_by_row(layer, row_attention)
+                if only is None or type(layer).__name__ == only:
+                    split_attention_by_row(layer, row_attention)
         self._entry = None if self.first else Entry(layers[start], hidden_at)
         if self._entry is not None:
             layers[start] = self._entry
@@ -162,6 +174,7 @@ class StageModel:
         # cannot be batched exactly (batch.py); then one request at a time, still exact.
         self.batchable = True
         self.batch_refusal: str | None = None
+        self._read_after_layers = support.READ_AFTER_LAYERS.get(family)
 
     @property
     def layer_range(self) -> tuple[int, int]:
@@ -179,9 +192,13 @@ class StageModel:
         Entries of skipped layers only count positions (zero-width keys); they keep the masks
         a family builds from a particular layer's cache right at any split point.
         """
-        if hasattr(self._model, "make_cache"):
-            return self._model.make_cache()
-        return [KVCache() for _ in range(self.info.num_layers)]
+        if not hasattr(self._model, "make_cache"):
+            return [KVCache() for _ in range(self.info.num_layers)]
+        caches = self._model.make_cache()
+        read = self._read_after_layers
+        if read is not None and not self.start <= range(len(caches))[read] < self.end:
+            keep_readable(caches[read])  # AFM's last cache, read after the loop by its (skipped) KV-reuse layers
+        return caches
 
     def forward(self, x: mx.array | Carry, cache: list[Any]) -> mx.array | Carry:
         """Run the family's forward for one request.
@@ -251,19 +268,48 @@ class StageModel:
         return last - mx.logsumexp(last, keepdims=True)
 
 
+class LayerLists(list):
+    """Two layer lists of a model seen as one, in the order of the model's `layers` (AFM: its
+    `model.layers`, then its KV-reuse layers `model.kv_reuse_layers`): item assignment writes
+    through to the list holding that layer, so the model's own code runs the stand-ins."""
+
+    def __init__(self, parts: list[list[nn.Module]]) -> None:
+        super().__init__(layer for part in parts for layer in part)
+        self.parts = parts
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        if not isinstance(index, int):
+            raise TypeError("layers are replaced one at a time")
+        i = range(len(self))[index]  # IndexError as a list gives it; a negative index counts from the end
+        super().__setitem__(i, value)
+        for part in self.parts:
+            if i < len(part):
+                part[i] = value
+                return
+            i -= len(part)
+
+
 def _layer_list(model: nn.Module) -> list[nn.Module]:
-    """The model's own list object holding its decoder layers (edited in place)."""
+    """The model's own list object holding its decoder layers (edited in place), or, where its
+    `layers` joins two lists (AFM's KV-reuse layers), a `LayerLists` writing through to both."""
     try:
         layers = model.layers
     except AttributeError:
         raise ShardError(f"{type(model).__module__} has no layer list") from None
     if not layers:
         raise ShardError("the model has no layers")
-    target = layers[0]
-    for _, module in model.named_modules():
-        for value in module.values():
-            if isinstance(value, list) and len(value) == len(layers) and value and value[0] is target:
-                return value
+    lists = [value for _, module in model.named_modules() for value in module.values()
+             if isinstance(value, list) and value and isinstance(value[0], nn.Module)]
+    for value in lists:
+        if len(value) == len(layers) and value[0] is layers[0]:
+            return value
+    # Two lists that together are the model's layers, in order.
+    for head in lists:
+        rest = len(layers) - len(head)
+        if 0 < rest and all(a is b for a, b in zip(head, layers)):
+            for tail in lists:
+                if len(tail) == rest and all(a is b for a, b in zip(tail, layers[len(head):])):
+                    return LayerLists([head, tail])
     raise ShardError(f"{type(model).__module__}: cannot locate the layer list to split")
 
 
@@ -313,7 +359,8 @@ def _outer_parts(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
 
     def visit(module: nn.Module) -> None:
         for key, value in module.items():
-            if value is layers or not isinstance(value, nn.Module):
+            if value is layers or any(value is part for part in getattr(layers, "parts", ())) \
+                    or not isinstance(value, nn.Module):
                 continue
             role = _role(value)
             if role is None:

@@ -63,6 +63,16 @@ def advance_skipped(cache: Any, length: int) -> None:
     _advance(cache, length, 1)
 
 
+def keep_readable(cache: Any) -> None:
+    """A skipped layer's plain KVCache that the family's code reads after its layers (AFM's
+    `cache[-1].keys_and_values()`, support.READ_AFTER_LAYERS): given zero-size keys and values,
+    so the read returns them instead of failing on keys that were never stored. Its offset still
+    counts positions (`_advance`); nothing is stored, and the layers that would attend over the
+    keys are skipped too (support.shared_kv_cuts keeps them with the layer that owns them)."""
+    if type(cache) is KVCache and cache.keys is None:
+        cache.keys = cache.values = mx.zeros((1, 1, 0, 0))
+
+
 def _caches_in(args: tuple, kwargs: dict) -> list[Any]:
     return [a for a in (*args, *kwargs.values())
             if hasattr(a, "update_and_fetch") or isinstance(a, (ArraysCache, CacheList))]
