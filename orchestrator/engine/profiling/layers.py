@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator import settings
+from orchestrator.engine import support
 
 CONTEXT = 32  # tokens in each cache before decode steps are timed
 REPEATS = 5
@@ -181,14 +182,17 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     solo = settings.SOLO_THREADS.read()
     which = blas.preload(base or None, solo or None)  # before mlx is imported
     from orchestrator.engine.profiling.step import step_overheads
-    from orchestrator.engine.stage.shard import ModelInfo, StageModel
+    from orchestrator.engine.stage.shard import ModelInfo, StageModel, read_config
 
     def set_threads(is_solo: bool) -> None:
         if which == "openblas" and base and solo:
             blas.set_threads(solo if is_solo else base)
 
     n = ModelInfo.read(model_dir).num_layers
-    body_layers = max(0, min(n - 1, max_layers))
+    # A stage may not start or end where the family refuses a cut (Gemma 4's and AFM's KV-shared
+    # layers stay with their source): the body and the tail end and begin where a split may.
+    cuts = support.shared_kv_cuts(read_config(model_dir))
+    body_layers = allowed_cut(min(n - 1, max_layers), cuts)
     per_layer: dict[str, float] = {}
     spreads: dict[str, float] = {}
     prefill = (0.0, 0.0)
@@ -198,20 +202,23 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
         per_layer = {k: v / body_layers for k, v in time_stage(body, batch, set_threads, spreads=spreads).items()}
         sweep = _decode_step(body)
         one_layer = _prefill_ms_per_token(StageModel(model_dir, 0, 1))
-        few = prefill_layers(one_layer, chunk, min(body_layers, PREFILL_LAYERS))
+        few = allowed_cut(prefill_layers(one_layer, chunk, min(body_layers, PREFILL_LAYERS)), cuts)
         a, b = time_prefill(StageModel(model_dir, 0, few), chunk, set_threads)
         prefill = (a / few, b / few)
-    tail = StageModel(model_dir, n - 1, n)
+    tail_start = allowed_cut(n - 1, cuts)
+    tail = StageModel(model_dir, tail_start, n)
     # The last layer and the head alone fit in a large cache (a 127 MB tail on a 480 MiB L3)
     # and, timed back to back, stay there: 21-24 ms a step on 1 thread, against 31-32 ms with
     # the other layers' step in between, which is what serving does: a last stage runs its
     # own layers before the head, and stages sharing a machine run the others' in between.
     tail_ms = time_stage(tail, batch, set_threads, between=sweep, spreads=None if per_layer else spreads)
     sweep = body = None  # the body's weights go
-    if not per_layer:  # a one-layer model: the head cannot be told apart
-        per_layer, tail_ms = tail_ms, {k: 0.0 for k in tail_ms}
-        prefill = time_prefill(tail, chunk, set_threads)
-    head = {k: max(0.0, tail_ms[k] - per_layer[k]) for k in tail_ms}
+    tail_layers = n - tail_start
+    if not per_layer:  # one layer, or no cut allowed: the head cannot be told apart
+        per_layer, tail_ms = {k: v / tail_layers for k, v in tail_ms.items()}, {k: 0.0 for k in tail_ms}
+        a, b = time_prefill(tail, chunk, set_threads)
+        prefill = (a / tail_layers, b / tail_layers)
+    head = {k: max(0.0, tail_ms[k] - tail_layers * per_layer[k]) for k in tail_ms}
     set_threads(False)  # the stage's own path runs between steps of any kind; Python, mostly
     paths = step_overheads(ModelInfo.read(model_dir), tail.dtype, batch)
     mid = [r for r in MID_ROWS if f"b{r}" in per_layer]
@@ -221,6 +228,12 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
             "layer_ms_bB": per_layer["bB"], "head_ms_b1_solo": head["b1_solo"], "head_ms_b1": head["b1"],
             "head_ms_bB": head["bB"], "prefill_ms_per_token": prefill[0], "prefill_ms_per_token_per_k": prefill[1],
             "threads": [base, solo], "spread": round(max(spreads.values(), default=0.0), 3), "at": time.time()}
+
+
+def allowed_cut(layers: int, cuts: dict[int, str]) -> int:
+    """The most layers, at most `layers`, that a first stage may end after (a boundary the family
+    allows, support.shared_kv_cuts); 0 when none is allowed."""
+    return next((b for b in range(layers, 0, -1) if b not in cuts), 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,3 +103,22 @@ def test_prefill_is_timed_on_as_many_layers_as_the_budget_allows(ms, most, expec
     from orchestrator.engine.profiling import layers
 
     assert layers.prefill_layers(ms, 2048, most) == expected
+
+
+@pytest.mark.parametrize("family", ["gemma4_text", "afm7"])
+def test_a_family_that_refuses_some_cuts_is_timed_at_cuts_it_allows(family, tmp_path):
+    """Gemma 4 and AFM keep their KV-shared layers on their source's stage (support.shared_kv_cuts):
+    the profile's body and tail end and begin where a split may, instead of failing there."""
+    from orchestrator.engine import support
+    from orchestrator.engine.profiling.layers import allowed_cut
+    from orchestrator.engine.stage.shard import read_config
+    from orchestrator.testmodels.families import build_family_model
+
+    model = build_family_model(tmp_path / family, family)
+    cuts = support.shared_kv_cuts(read_config(model))
+    assert cuts and allowed_cut(5, cuts) == min(cuts) - 1 and allowed_cut(0, cuts) == 0
+    out = tmp_path / "p.json"
+    subprocess.run([sys.executable, "-m", "orchestrator.engine.profiling.layers", "--model", str(model),
+                    "--out", str(out), "--batch", "4", "--prefill-chunk", "32"], check=True, timeout=300)
+    data = json.loads(out.read_text())
+    assert data["layer_ms_b1"] > 0 and data["head_ms_b1"] >= 0 and data["prefill_ms_per_token"] > 0, data
