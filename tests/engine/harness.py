@@ -144,5 +144,5 @@ class InTestCoordinator:
         return self.collect(self.generate(prompt, max_tokens))
 
     def stop(self) -> None:
-        """Stop the in-test scheduler."""
-        self.pipeline.stop()
+        """Stop the in-test scheduler, and wait for it (it logs its last state change)."""
+        self.pipeline.stop(wait_s=10)

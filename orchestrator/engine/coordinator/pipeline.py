@@ -66,6 +66,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
                  log: EventLogger, metrics: Metrics | None = None) -> None:
         self.config = config
         self.eos_ids = set(eos_ids)
+        self._thread: threading.Thread | None = None
         self.context_length = context_length
         self.log = log
         self.metrics = metrics or Metrics([s.id for s in config.stages])
@@ -121,11 +122,15 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         """Start the links and the scheduler thread."""
         for link in self.links:
             link.start()
-        threading.Thread(target=self._run, name="scheduler", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+        self._thread.start()
 
-    def stop(self) -> None:
-        """Stop everything; in-flight requests fail."""
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop everything; in-flight requests fail. `wait_s` > 0: wait that long for the scheduler
+        thread to finish shutting down (a test's teardown, before its log capture closes)."""
         self._inbox.put(("stop",))
+        if wait_s > 0 and self._thread is not None:
+            self._thread.join(wait_s)
 
     def reroute(self, index: int, address: tuple[str, int]) -> None:
         """Stage `index` now listens at `address` (it was restarted on another node; engine/stage_address.py)."""
