@@ -36,27 +36,6 @@ document.body.addEventListener("htmx:oobBeforeSwap", (e) => {
   if (old?.id === "distributed-gate" && fresh && fresh.dataset.distributed !== old.dataset.distributed) location.reload();
 });
 
-// A component never goes back to an older state. Each carries the revision it was rendered from
-// (data-rev, "process:version"): an action's answer rendered before a live push can arrive after
-// it (or a push after a newer answer) on a loaded server, and would leave the page stale, as the
-// socket pushes again only what changed since it last sent (webapp/live.py). An answer that
-// carries an error is always shown.
-function older(fresh, shown) {
-  const [fb, fv] = (fresh?.dataset?.rev || "").split(":"), [sb, sv] = (shown?.dataset?.rev || "").split(":");
-  return Boolean(fb) && fb === sb && Number(fv) < Number(sv);
-}
-document.body.addEventListener("htmx:oobBeforeSwap", (e) => {
-  const old = e.detail.target, frag = e.detail.fragment;
-  const fresh = old?.id && (frag?.querySelector?.(`#${CSS.escape(old.id)}`) || frag?.firstElementChild);
-  if (fresh && older(fresh, old)) e.detail.shouldSwap = false;
-});
-document.body.addEventListener("htmx:beforeSwap", (e) => {
-  const target = e.detail.target;
-  if (!target?.id || !e.detail.shouldSwap || typeof e.detail.serverResponse !== "string") return;
-  const fresh = new DOMParser().parseFromString(e.detail.serverResponse, "text/html").getElementById(target.id);
-  if (fresh && older(fresh, target) && !fresh.querySelector(".flash.error")) e.detail.shouldSwap = false;
-});
-
 // Open drawers and chosen tabs survive re-renders (a live push or an action's answer).
 const openDrawers = new Set();
 const chosenTabs = new Map();

@@ -9,8 +9,7 @@ monkey-patching before ssl, socket users and threads are imported (webapp.main).
 
 from __future__ import annotations
 
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,9 +30,6 @@ class Services:
     orchestrator: Orchestrator
     auth: AuthStore
     router_url: str
-    # Names this process in each component's revision (components.render): a page that reconnects
-    # to a restarted dashboard compares no versions across the two.
-    boot: str = field(default_factory=lambda: secrets.token_hex(4))
 
 
 def create_app(orchestrator: Orchestrator, auth: AuthStore, router_url: str) -> Flask:

@@ -10,7 +10,6 @@ it offers changed (cluster-options), so a push never replaces what a user is typ
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -20,8 +19,6 @@ from orchestrator.control.events import kinds_touching
 from orchestrator.control.state import State
 from webapp.views import cluster, models, nodes, plan, sessions, settings
 from webapp.views.context import ViewContext
-
-_REVISION = re.compile(r' data-rev="[^"]*"')
 
 
 @dataclass(frozen=True)
@@ -85,19 +82,7 @@ def render(name: str, state: State, ctx: ViewContext, oob: bool = False, error: 
     """
     c = BY_NAME[name]
     return render_template(c.template, component_id=c.name, oob=oob, ctx=ctx, error=error, error_at=error_at,
-                           form=form, revision=revision(state, ctx), **c.view(state, ctx))
-
-
-def revision(state: State, ctx: ViewContext) -> str:
-    """Which state a component was rendered from ("process:version", its `data-rev`): the page never
-    swaps in a component older than the one it shows (static/app.js), so an action's answer that
-    arrives after a newer live push (or a push after a newer answer) cannot leave it stale."""
-    return f"{ctx.boot}:{state.version}"
-
-
-def without_revision(html: str) -> str:
-    """A component's HTML with its revision taken out: what changed between two renders."""
-    return _REVISION.sub("", html)
+                           form=form, **c.view(state, ctx))
 
 
 def affected(kind: str, names: list[str]) -> list[str]:

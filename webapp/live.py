@@ -24,7 +24,7 @@ from flask_sock import ConnectionClosed, Sock
 
 from webapp import auth
 from webapp.api import bearer_token, state_json
-from webapp.components import BY_NAME, affected, render, without_revision
+from webapp.components import BY_NAME, affected, render
 from webapp.guard import live_slots
 from webapp.services import current_services, view_context
 
@@ -144,15 +144,14 @@ def register(app: Flask) -> None:
         sent: dict[str, str] = {}
 
         def first() -> str:
-            html = {n: render(n, orch.state, ctx, oob=True) for n in names}
-            sent.update({n: without_revision(h) for n, h in html.items()})
-            return "".join(html.values())
+            sent.update({n: render(n, orch.state, ctx, oob=True) for n in names})
+            return "".join(sent.values())
 
         def push(events: list[Any]) -> str | None:
             changed = [n for n in names if any(n in affected(e.kind, names) for e in events)]
             fresh = {n: render(n, orch.state, ctx, oob=True) for n in changed}
-            fresh = {n: html for n, html in fresh.items() if without_revision(html) != sent[n]}
-            sent.update({n: without_revision(h) for n, h in fresh.items()})
+            fresh = {n: html for n, html in fresh.items() if html != sent[n]}
+            sent.update(fresh)
             return "".join(fresh.values()) or None
 
         _serve(ws, False, "log in first", first, push)

@@ -15,6 +15,4 @@ def current_services():
 
 def view_context() -> ViewContext:
     """The current viewer, for view models."""
-    services = current_services()
-    return ViewContext(role=auth.role() or "viewer", csrf=auth.csrf_token(), router_url=services.router_url,
-                       boot=services.boot)
+    return ViewContext(role=auth.role() or "viewer", csrf=auth.csrf_token(), router_url=current_services().router_url)

@@ -130,33 +130,3 @@ def test_a_drawer_opened_just_before_a_push_stays_open(browser, dashboard: Dashb
         return [shown.open, fresh.firstChild.open];
     }""")
     assert opened == [True, True]
-
-
-def test_a_component_never_goes_back_to_an_older_revision(browser, dashboard: Dashboard):
-    """app.js refuses a swap (a live push or an action's answer) of a component older than the one
-    shown (its data-rev, "process:version"): a push rendered before an action's answer can arrive
-    after it on a loaded server, and the socket would not send that component again. A revision of
-    another dashboard process, or an answer with an error, is always swapped in."""
-    page = _log_in(browser, dashboard, [])
-    page.goto(dashboard.url + "/sessions")
-    swapped = page.evaluate("""() => {
-        const shown = document.createElement("section");
-        shown.id = "rev-probe"; shown.dataset.rev = "p1:5";
-        document.body.append(shown);
-        const push = (rev) => {
-            const frag = document.createElement("div");
-            frag.innerHTML = `<section id="rev-probe" data-rev="${rev}"></section>`;
-            const detail = {target: shown, fragment: frag, shouldSwap: true};
-            document.body.dispatchEvent(new CustomEvent("htmx:oobBeforeSwap", {detail}));
-            return detail.shouldSwap;
-        };
-        const answer = (rev, inner) => {
-            const detail = {target: shown, shouldSwap: true,
-                            serverResponse: `<section id="rev-probe" data-rev="${rev}">${inner}</section>`};
-            document.body.dispatchEvent(new CustomEvent("htmx:beforeSwap", {detail}));
-            return detail.shouldSwap;
-        };
-        return [push("p1:3"), push("p1:5"), push("p1:8"), push("p2:1"),
-                answer("p1:4", ""), answer("p1:4", '<div class="flash error">refused</div>'), answer("p1:9", "")];
-    }""")
-    assert swapped == [False, True, True, True, False, True, True]

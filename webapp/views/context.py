@@ -7,13 +7,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ViewContext:
-    """The viewer's role and CSRF token, the router URL for links, and which dashboard process
-    renders (`boot`, part of each component's revision)."""
+    """The viewer's role and CSRF token, plus the router URL for links."""
 
     role: str = "viewer"
     csrf: str = ""
     router_url: str = ""
-    boot: str = ""
 
     @property
     def admin(self) -> bool:
