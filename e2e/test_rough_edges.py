@@ -141,7 +141,8 @@ def test_6_launch_says_why_it_is_disabled_and_the_plan_stays(stack, admin):
 def test_7_after_stop_the_nodes_free_memory_comes_back(stack, admin):
     page = admin.page
     idle = stack.api_state()["nodes"][0]["report"]["memory"]["budget_bytes"]
-    node_a = page.locator("#nodes li", has_text="node-a")
+    # the registered node's row: another stack on this LAN (a second test run) may advertise a node-a too
+    node_a = page.locator('#nodes li[data-node="node-a"]')
     serving = node_a.inner_text()
     page.get_by_role("button", name="Stop cluster").click()
     expect(page.locator("#cluster-health")).to_have_text("Stopped", timeout=SETTLE_MS)

@@ -130,7 +130,10 @@ class NodeRemoved(Event):
 class NodeReported(Event):
     kind: Literal["node_reported"] = "node_reported"
     persisted: ClassVar[bool] = False
-    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS})
+    # The plan card shows the nodes' latest link measurements and loads (views/perf.py): without
+    # PLAN_PREVIEW each page kept the figures of whenever it last rendered the card.
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS,
+                                                   PLAN_PREVIEW})
     node_id: str
     report: Report
     at: float
@@ -139,7 +142,8 @@ class NodeReported(Event):
 class NodeUnreachable(Event):
     kind: Literal["node_unreachable"] = "node_unreachable"
     persisted: ClassVar[bool] = False
-    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS})
+    touches: ClassVar[frozenset[str]] = frozenset({NODES, CLUSTER_OPTIONS, LOCAL_MODELS, DOWNLOAD_OPTIONS,
+                                                   PLAN_PREVIEW})
     node_id: str
     error: str
     at: float

@@ -130,3 +130,37 @@ def test_a_dropped_browser_socket_gets_every_component_again(served):
         ws.close()
     code, _ = _refusal(url)  # no session cookie: no feed
     assert code == 4401
+
+
+def test_a_node_report_refreshes_the_plan_cards_link_figures(rich):
+    """The plan card shows the nodes' latest link measurements (views/perf.py): a node's report
+    with a new measurement is pushed to every page showing the card, so two pages never keep the
+    figures of whenever each last rendered it (e2e guard rails test_8 found viewer and admin apart)."""
+    from orchestrator.agent.perf_schemas import LinkSample
+    from orchestrator.control import events as ev
+    from webapp.components import affected
+
+    assert {"plan-preview"} <= set(affected("node_reported", ["plan-preview", "nodes"]))
+    assert "plan-preview" in affected("node_unreachable", ["plan-preview"])
+    server = make_server("127.0.0.1", 0, rich.app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    browser = requests.Session()
+    host = f"127.0.0.1:{server.server_port}"
+    try:
+        assert browser.post(f"http://{host}/login", data={"token": rich.admin_token}, allow_redirects=False,
+                            timeout=WAIT).status_code == 302
+        ws = websocket.connect(f"ws://{host}/ws?components=plan-preview",
+                               headers={"Cookie": f"session={browser.cookies['session']}"})
+        try:
+            assert 'id="plan-preview"' in _message(ws)
+            a = rich.orch.state.node("n0")
+            sample = LinkSample(node_id="n1", url="http://10.0.0.2:39500", rtt_ms=0.25, http_rtt_ms=0.5,
+                                bandwidth_Bps=123.45e9 / 8, at=1.0)
+            report = a.report.model_copy(update={"links": (sample,)})
+            rich.orch.post(ev.NodeReported(node_id="n0", report=report, at=2.0))
+            pushed = _messages_until(ws, lambda m: "123.45 Gbit/s" in m)
+            assert 'id="plan-preview"' in pushed[-1]
+        finally:
+            ws.close()
+    finally:
+        server.shutdown()
