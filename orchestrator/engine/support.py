@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engine.family_names import FAMILIES as FAMILY_NAMES
+from orchestrator.engine.family_names import FAMILIES  # the served families (re-exported: support.FAMILIES)
 from orchestrator.models.decoder_config import decoder_view
-
-# model_type -> what the family is (family_names.py): every entry is a row of the exactness matrix.
-FAMILIES = FAMILY_NAMES
 
 # The one kind of adapter: families whose attention uses the keys it fetched from the cache
 # itself instead of handing them to mlx-lm's shared attention (gemma2's soft-capped scores,
