@@ -18,6 +18,7 @@ from orchestrator.control.core import Orchestrator
 from orchestrator.control.download_state import HubRef
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.state import Settings, State
+from orchestrator.proc import wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import AgentProc
 from tests.support.hub import HubStandIn, Repo, repo_from_dir
@@ -120,7 +121,13 @@ def test_refusals_come_before_anything_is_fetched(henv: HubEnv):
     henv.orch.watcher.report_every = 1e9  # no fresh report may replace the small disk set below
     node = henv.orch.state.node(n)  # a node whose disk is (reported) too small
     small = node.model_copy(update={"report": node.report.model_copy(update={"disk_free_bytes": 1000})})
-    henv.orch._state = henv.orch.state.model_copy(update={"nodes": (small,) + henv.orch.state.nodes[1:]})
+
+    def small_disk_kept() -> bool:  # a report already in flight may still land once: set it again after it
+        if henv.orch.state.node(n).report.disk_free_bytes != 1000:
+            henv.orch._state = henv.orch.state.model_copy(update={"nodes": (small,) + henv.orch.state.nodes[1:]})
+            return False
+        return True
+    wait_until(small_disk_kept, 30, interval=1.0, message="the small disk to stay set")
     with pytest.raises(CommandRefused, match="not enough disk space on node-a"):
         henv.orch.models.download(REPO, "", [n])
     assert not any(m == "GET" and "/resolve/" in p and p.endswith(".safetensors") for m, p, _ in henv.hub.requests)
