@@ -73,8 +73,23 @@ document.body.addEventListener("htmx:afterSwap", () => applyUi(document));
 
 // A new attempt clears the message of the last refused one (and any page notice).
 document.body.addEventListener("htmx:beforeRequest", (e) => {
-  e.detail.elt.closest?.("form, section")?.querySelectorAll(".flash.error").forEach((f) => f.remove());
+  const elt = e.detail.elt;
+  for (const scope of [elt.closest?.("form"), elt.closest?.("section[id]")]) {
+    scope?.querySelectorAll(".flash.error").forEach((f) => f.remove());
+  }
   document.getElementById("notices")?.replaceChildren();
+});
+// A live push of a component never carries the refusal of an action taken in it (only that
+// action's answer does): keep each refusal in its slot until the next action, or a node report
+// arriving a moment after the answer wipes the message before it is read (e2e test_one_selection).
+document.body.addEventListener("htmx:oobBeforeSwap", (e) => {
+  const fresh = e.detail.fragment;
+  if (!fresh?.querySelector) return;
+  for (const slot of e.detail.target.querySelectorAll?.("[data-flash-slot]") || []) {
+    const message = slot.querySelector(".flash.error");
+    const kept = message && fresh.querySelector(`[data-flash-slot="${CSS.escape(slot.dataset.flashSlot)}"]`);
+    if (kept && !kept.querySelector(".flash.error")) kept.replaceChildren(message.cloneNode(true));
+  }
 });
 
 // One selection on the Distributed page. The Shard plan and Preparation cards are shared (every

@@ -130,3 +130,30 @@ def test_a_drawer_opened_just_before_a_push_stays_open(browser, dashboard: Dashb
         return [shown.open, fresh.firstChild.open];
     }""")
     assert opened == [True, True]
+
+
+def test_an_actions_refusal_survives_a_live_push_of_its_component(browser, dashboard: Dashboard):
+    """A refusal is in the action's answer only; a live push of the same component (a node report
+    a moment later) does not carry it. app.js keeps it in its slot until the next action there
+    (e2e test_one_selection test_5 once lost "Serve: model … needs" that way under load)."""
+    page = _log_in(browser, dashboard, [])
+    page.goto(dashboard.url + "/sessions")
+    kept = page.evaluate("""() => {
+        const shown = document.createElement("section");
+        shown.id = "card-x";
+        shown.innerHTML = '<ul><li><div data-flash-slot="m:a">'
+            + '<div class="flash error" role="alert">Serve: too big</div></div>'
+            + '<form><button>Serve</button></form></li>'
+            + '<li><div data-flash-slot="m:b"></div></li></ul>';
+        document.body.append(shown);
+        const fresh = document.createElement("div");
+        fresh.innerHTML = '<section id="card-x"><ul><li><div data-flash-slot="m:a"></div></li>'
+            + '<li><div data-flash-slot="m:b"></div></li></ul></section>';
+        document.body.dispatchEvent(new CustomEvent("htmx:oobBeforeSwap", {detail: {target: shown, fragment: fresh}}));
+        const after = [...fresh.querySelectorAll("[data-flash-slot]")].map((s) => s.textContent);
+        // the next action taken in the component clears it
+        const form = shown.querySelector("form");
+        document.body.dispatchEvent(new CustomEvent("htmx:beforeRequest", {detail: {elt: form}}));
+        return [after, shown.querySelectorAll(".flash.error").length];
+    }""")
+    assert kept == [["Serve: too big", ""], 0]
