@@ -1,14 +1,19 @@
-"""Speculative decoding (prompt lookup) on a 2-stage loopback pipeline: tok/s with it ÷ without, side by side.
+"""End to end on a 2-stage loopback pipeline: tok/s with speculation ÷ without ÷ single-process mlx-lm.
 
 Usage: PYTHONPATH=. .venv/bin/python -m e2e.bench.speculation [--model smollm2] [--tokens 96] [--rounds 2]
-       [--draft 4] [--blas reference]
+       [--draft 4] [--blas openblas]
 
-Two pipelines of the same model run at once (`speculative_tokens = --draft` and `= 0`); each workload is
-measured on both in turn, round by round (order swapped every round), at 1 request and at 4 concurrent.
-A request is a non-streamed `POST /v1/chat/completions` at temperature 0; its rate is completion tokens ÷
-wall time from sending to the answer (prefill included). At 4 the aggregate is all tokens ÷ the wall time
-of the four. Answers must be the same text with and without speculation (greedy is exact). Acceptance is
-read from each coordinator's /metrics. Prints a Markdown table (the one in docs/benchmark.md).
+Three systems of the same model run at once: two pipelines as the demo runs them (1 BLAS thread per
+stage, every core for a SOLO step; `speculative_tokens = --draft` and `= 0`) and single-process mlx-lm
+(`generate_step` in a worker, every core's BLAS threads). Each workload is measured on all three in turn,
+round by round (order rotated every round), at 1 request and at 4 concurrent. A pipeline request is a
+non-streamed `POST /v1/chat/completions` at temperature 0; its rate is completion tokens ÷ wall time from
+sending to the answer. The prompt cache is off, so every request pays its prefill (the same prompt is sent
+round after round). The single process answers the same chat (template, prefill, decode, detokenize, timed
+whole in the worker) one request at a time, so its aggregate at 4 is its rate at 1. At 4 a pipeline's
+aggregate is all tokens ÷ the wall time of the four. Answers must be the same text in all three (greedy is
+exact). Acceptance is read from the speculating coordinator's /metrics. Prints Markdown tables (the ones in
+docs/benchmark.md): the per-workload table and the per-token targets of the plain pipeline.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import platform
 import statistics
 import sys
@@ -24,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from e2e.bench.procs import PipelineSystem, prepare_model
+from e2e.bench.procs import PipelineSystem, ReferenceWorker, prepare_model
 
 CODE = '''def total_price(items, tax):
     subtotal = 0
@@ -99,65 +105,107 @@ def metrics(port: int) -> dict[str, float]:
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith("pipeserve_spec")}
 
 
+def single_rate(worker: ReferenceWorker, prompt: str, max_tokens: int, concurrent: int) -> tuple[float, list[str]]:
+    """Tok/s of single-process mlx-lm over `concurrent` requests answered one at a time, and their texts."""
+    replies = [worker.call("chat", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
+               for _ in range(concurrent)]
+    return sum(r["tokens"] for r in replies) / sum(r["seconds"] for r in replies), [r["text"] for r in replies]
+
+
+def measure(systems: dict, prompt: str, tokens: int, concurrent: int, rounds: int) -> tuple[dict, dict]:
+    """Each system's rates over `rounds` (order rotated every round) and its last texts."""
+    names = list(systems)
+    got: dict[str, list[float]] = {name: [] for name in names}
+    texts: dict[str, list[str]] = {}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            system = systems[name]
+            if isinstance(system, ReferenceWorker):
+                value, answer = single_rate(system, prompt, tokens, concurrent)
+            else:
+                value, answer = rate(system.port, prompt, tokens, concurrent)
+            got[name].append(value)
+            texts[name] = answer
+    return got, texts
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the side-by-side measurement and print the table."""
+    """Run the side-by-side measurement and print the tables."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=96)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--draft", type=int, default=4)
-    p.add_argument("--blas", default="reference", choices=("reference", "openblas"))
+    p.add_argument("--blas", default="openblas", choices=("reference", "openblas"),
+                   help="openblas: what the demo runs; reference: mlx-cpu's own BLAS (for a CPU OpenBLAS fails on)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS))
     p.add_argument("--requests", default="1,4", help="comma list of concurrent request counts")
     args = p.parse_args(argv)
     model = prepare_model(args.model)
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     splits = [(0, n // 2 - 1), (n // 2, n - 1)]
-    started = time.time()
+    cores = os.cpu_count() or 1
+    started, load_before = time.time(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        systems = {}
+        systems: dict = {}
         try:
             for name, k in (("spec", args.draft), ("plain", 0)):
-                # The reference BLAS: this checkout's OpenBLAS wheel may not run on the host's CPU (see
-                # engine/blas.py); a generous stall timeout, since the two pipelines share the cores.
-                systems[name] = PipelineSystem(model, Path(tmp) / name, splits, threads=1, solo_threads=None,
-                                               env={"PIPESERVE_BLAS": args.blas}, model_name="bench",
-                                               cluster={"speculative_tokens": k, "stall_timeout_s": 300})
+                # A generous stall timeout: the three systems share the cores.
+                systems[name] = PipelineSystem(model, Path(tmp) / name, splits, threads=1, solo_threads=cores,
+                                               env={"PIPESERVE_BLAS": args.blas, "OPENBLAS_NUM_THREADS": "1"},
+                                               model_name="bench",
+                                               cluster={"speculative_tokens": k, "stall_timeout_s": 300,
+                                                        "prompt_cache_bytes": 0})
+            systems["single"] = ReferenceWorker(model, {"PIPESERVE_BLAS": args.blas,
+                                                        "OPENBLAS_NUM_THREADS": str(cores)},
+                                                Path(tmp) / "single.log")
             rows = []
             for workload in args.workloads.split(","):
-                prompt = WORKLOADS[workload]
                 for concurrent in (int(n) for n in args.requests.split(",")):
-                    got: dict[str, list[float]] = {"spec": [], "plain": []}
-                    texts: dict[str, list[str]] = {}
                     before = metrics(systems["spec"].port)
-                    for r in range(args.rounds):
-                        for name in (("spec", "plain") if r % 2 == 0 else ("plain", "spec")):
-                            value, answer = rate(systems[name].port, prompt, args.tokens, concurrent)
-                            got[name].append(value)
-                            texts[name] = answer
+                    got, texts = measure(systems, WORKLOADS[workload], args.tokens, concurrent, args.rounds)
                     after = metrics(systems["spec"].port)
                     keys = [f"pipeserve_spec_{k}_total" for k in ("passes", "drafted_tokens", "accepted_tokens")]
                     passes, drafted, accepted = (after[k] - before[k] for k in keys)
-                    spec, plain = statistics.median(got["spec"]), statistics.median(got["plain"])
-                    rows.append((workload, concurrent, plain, spec, spec / plain,
-                                 accepted / drafted if drafted else 0.0,
-                                 (accepted + passes) / passes if passes else 0.0, texts["spec"] == texts["plain"]))
-                    print(f"bench: {workload} x{concurrent}: {plain:.2f} -> {spec:.2f} tok/s", file=sys.stderr)
+                    med = {name: statistics.median(v) for name, v in got.items()}
+                    rows.append((workload, concurrent, med, accepted / drafted if drafted else 0.0,
+                                 (accepted + passes) / passes if passes else 0.0,
+                                 texts["spec"] == texts["plain"] == texts["single"]))
+                    print(f"bench: {workload} x{concurrent}: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
+                          + " tok/s", file=sys.stderr)
         finally:
             for s in systems.values():
                 s.stop()
+    print_tables(args, rows, started, (load_before, os.getloadavg()[0]))
+    return 0
+
+
+def print_tables(args: argparse.Namespace, rows: list, started: float, load: tuple[float, float]) -> None:
+    """The Markdown tables of docs/benchmark.md."""
     print(f"Generated by `python -m e2e.bench.speculation --model {args.model} --tokens {args.tokens} "
           f"--rounds {args.rounds} --draft {args.draft} --blas {args.blas}` on "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
           f"in {(time.time() - started) / 60:.1f} min; {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}.\n")
-    print("| workload | requests | tok/s without | tok/s with | with ÷ without | acceptance | tokens per pass | "
-          "same text |")
-    print("|---|---|---|---|---|---|---|---|")
-    for workload, c, plain, spec, ratio, acc, per_pass, same in rows:
-        print(f"| {workload} | {c} | {plain:.2f} | {spec:.2f} | **{ratio:.2f}×** | {acc:.0%} | {per_pass:.2f} | "
-              f"{'yes' if same else 'NO'} |")
-    return 0
+          f"{os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load[0]:.1f} before, "
+          f"{load[1]:.1f} after.\n")
+    print("| workload | requests | single-process tok/s | pipeline tok/s | pipeline ÷ single | with speculation "
+          "tok/s | with ÷ without | with ÷ single | acceptance | tokens per pass | same text (all three) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for workload, c, med, acc, per_pass, same in rows:
+        single = f"{med['single']:.2f}" + (" (one at a time)" if c > 1 else "")
+        print(f"| {workload} | {c} | {single} | {med['plain']:.2f} | {med['plain'] / med['single']:.2f}× | "
+              f"{med['spec']:.2f} | **{med['spec'] / med['plain']:.2f}×** | {med['spec'] / med['single']:.2f}× | "
+              f"{acc:.0%} | {per_pass:.2f} | {'yes' if same else 'NO'} |")
+    plain = {(w, c): med["plain"] for w, c, med, *_ in rows}
+    single = {(w, c): med["single"] for w, c, med, *_ in rows}
+    print("\nPer-token targets of the pipeline without speculation (end-to-end wall time, prefill included):\n")
+    print("| workload | pipeline ×1 ÷ single ×1 (target ≥ 0.95) | pipeline ×4 aggregate ÷ pipeline ×1 "
+          "(target ≥ 2.0) |")
+    print("|---|---|---|")
+    for w in dict.fromkeys(w for w, _ in plain):
+        one = f"{plain[w, 1] / single[w, 1]:.2f}" if (w, 1) in plain else "–"
+        four = f"{plain[w, 4] / plain[w, 1]:.2f}" if (w, 4) in plain and (w, 1) in plain else "–"
+        print(f"| {w} | {one} | {four} |")
 
 
 if __name__ == "__main__":

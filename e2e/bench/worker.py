@@ -97,7 +97,22 @@ def serve_reference(model_dir: Path) -> int:
         mx.synchronize()
         return {"seconds": seconds}
 
-    ops = {"decode": decode, "ttft": ttft, "memory": lambda _: proc_status(),
+    def chat(cmd: dict) -> dict:
+        """A chat request as a server answers it, timed whole: template, prefill, decode to EOS or
+        max_tokens (the EOS counted, as usage counts it), detokenize."""
+        t0 = time.perf_counter()
+        prompt = list(tokenizer.apply_chat_template(cmd["messages"], add_generation_prompt=True))
+        ids: list[int] = []
+        for token, _ in generate_step(mx.array(prompt), model, max_tokens=cmd["max_tokens"]):
+            ids.append(int(token))
+            if ids[-1] in eos:
+                break
+        text = tokenizer.decode([t for t in ids if t not in eos])
+        seconds = time.perf_counter() - t0
+        mx.synchronize()
+        return {"text": text, "tokens": len(ids), "seconds": seconds}
+
+    ops = {"decode": decode, "ttft": ttft, "chat": chat, "memory": lambda _: proc_status(),
            "tokenize": lambda cmd: {"ids": list(tokenizer.encode(cmd["text"]))}}
     reply({"ready": True, "blas": which, "openblas": openblas_info(), "weight_bytes": weight_bytes,
            "env_threads": os.environ.get("OPENBLAS_NUM_THREADS")})
