@@ -57,8 +57,11 @@ def save_settings():
     return _with_notice(_component("settings-form"),
                         f"Saved: distributed serving {'on' if settings.distributed_enabled else 'off'}, "
                         f"{settings.transport_backend}, ports {settings.port_start}–{settings.port_end}. "
-                        + (f"Failed stages restart automatically (up to {settings.restart_attempts} attempts)."
-                           if settings.auto_restart else "Automatic restarts are off."))
+                        + (f"Failed stages restart automatically (up to {settings.restart_attempts} attempts). "
+                           if settings.auto_restart else "Automatic restarts are off. ")
+                        + (f"Speculative decoding drafts up to {settings.speculative_tokens} tokens per pass in "
+                           "clusters launched from now on." if settings.speculative_tokens
+                           else "Speculative decoding is off."))
 
 
 @bp.post("/settings/viewer-links")

@@ -34,9 +34,11 @@ def settings_from(form: dict, stages_needed: int = 2) -> Settings:
     if end - start + 1 < stages_needed + 2:
         raise FormError(f"Transport port range: needs at least {stages_needed + 2} ports for {stages_needed} stages")
     attempts = integer(form, "restart_attempts", "Restart attempts", 1, 10) if form.get("restart_attempts") else 3
+    drafts = integer(form, "speculative_tokens", "Speculative decoding", 0, 16) if form.get("speculative_tokens") else 0
     return Settings(distributed_enabled=form.get("distributed_enabled") in ("on", "true", "1"),
                     transport_backend=transport, port_start=start, port_end=end,
-                    auto_restart=form.get("auto_restart") in ("on", "true", "1"), restart_attempts=attempts)
+                    auto_restart=form.get("auto_restart") in ("on", "true", "1"), restart_attempts=attempts,
+                    speculative_tokens=drafts)
 
 
 def selection(form, max_nodes: int = 16) -> tuple[str, list[str]]:

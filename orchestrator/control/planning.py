@@ -53,7 +53,8 @@ def plan_settings(settings: Settings, context_length: int = 4096, concurrency: i
     """PlanSettings from the dashboard's settings and the plan form."""
     return PlanSettings(context_length=context_length, max_concurrent_sequences=concurrency,
                         port_start=settings.port_start, port_end=settings.port_end,
-                        transport_backend=settings.transport_backend, manual_split=manual_split)
+                        transport_backend=settings.transport_backend, manual_split=manual_split,
+                        speculative_tokens=settings.speculative_tokens)
 
 
 def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSettings) -> Plan | Refusal:
@@ -127,5 +128,5 @@ def single_session(state: State, session_id: str, model_id: str, node_id: str, c
                       cluster=False, stages=(stage,), coordinator_node=node.id, coordinator_host=node.host,
                       coordinator_port=free[1])
     toml = cluster_toml(session, state.settings.transport_backend, context_length=context_length,
-                        max_requests=concurrency)
+                        max_requests=concurrency, speculative_tokens=state.settings.speculative_tokens)
     return session.model_copy(update={"config_toml": toml})

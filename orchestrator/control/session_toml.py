@@ -16,7 +16,8 @@ def cluster_toml(session: Session, transport: str = "tcp", **limits: int) -> str
     """The engine's cluster TOML (docs/architecture.md, "Contracts"; `engine/config.py`) for a
     session without a plan's TOML (single-node sessions); validated as a ClusterConfig and
     written by the planner's one TOML writer. `limits`: context_length and max_requests, the
-    bounds a single-node session's memory check used (planning.single_session)."""
+    bounds a single-node session's memory check used (planning.single_session), and the
+    dashboard's speculative_tokens."""
     nodes: list[dict[str, object]] = [{"id": "coordinator", "role": "hybrid",
                                        "address": engine_address(session.coordinator_host, session.coordinator_port)}]
     nodes += [{"id": f"stage-{st.index}", "role": "pipeline_stage", "address": engine_address(st.host, st.port),

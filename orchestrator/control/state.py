@@ -26,6 +26,9 @@ class Settings(_Frozen):
     # their weights; after this many failed attempts in a row the session is torn down.
     auto_restart: bool = True
     restart_attempts: int = Field(default=3, ge=1, le=10)
+    # Speculative decoding by prompt lookup (docs/speculation.md): the most tokens a request drafts
+    # per pass through the stages; 0 = off, the default (docs/benchmark.md measured no gain here yet).
+    speculative_tokens: int = Field(default=0, ge=0, le=16)
 
 
 class Node(_Frozen):
@@ -100,6 +103,15 @@ class StageCache(_Frozen):
     tokens_reused: int = 0
 
 
+class Speculation(_Frozen):
+    """Speculative decoding as the coordinator counted it (shown on the verifying, last stage's card)."""
+
+    max_drafts: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
 class StageStatus(_Frozen):
     """What the watcher last saw of a stage."""
 
@@ -111,6 +123,7 @@ class StageStatus(_Frozen):
     progress: StageProgress | None = None
     fault: str = ""  # the coordinator's verdict, e.g. "wedged: no progress for 16 s inside one step"
     prompt_cache: StageCache | None = None
+    speculation: Speculation | None = None  # the last stage's, when the cluster speculates
 
 
 class PostMortem(_Frozen):

@@ -29,9 +29,9 @@ from orchestrator.control.chart_samples import (
     sample,
 )
 from orchestrator.control.coordinator_client import CoordinatorClient, HealthLook
-from orchestrator.control.state import Session, StageCache, StageProgress, StageStatus, State
+from orchestrator.control.state import Session, Speculation, StageCache, StageProgress, StageStatus, State
 from orchestrator.control.watcher_wakeup import Wakeup
-from orchestrator.engine.coordinator.health_report import StageReport
+from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
 from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 
 Post = Callable[[ev.Event], None]
@@ -42,6 +42,13 @@ def cache_of(report: StageReport | None) -> StageCache | None:
     c = report.prompt_cache if report is not None else None
     return None if c is None else StageCache(entries=c.entries, bytes=c.bytes, hits=c.hits,
                                              tokens_reused=c.tokens_reused)
+
+
+def speculation_of(report: HealthReport | None) -> Speculation | None:
+    """The coordinator's speculative-decoding counts (None when it does not speculate)."""
+    s = report.speculation if report is not None else None
+    return None if s is None else Speculation(max_drafts=s.max_drafts, passes=s.passes, drafted=s.drafted,
+                                              accepted=s.accepted)
 
 
 def progress_of(report: StageReport | None) -> StageProgress | None:
@@ -78,7 +85,8 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None],
                                     step_ms=h.step_ms if h is not None else None,
                                     detail="" if info.alive else f"exited ({info.exit_code or info.signal})",
                                     progress=progress_of(h), fault=f"wedged: {fault}" if fault else "",
-                                    prompt_cache=cache_of(h)))
+                                    prompt_cache=cache_of(h),
+                                    speculation=speculation_of(coordinator) if st is session.stages[-1] else None))
         if not info.alive:
             problems.append(f"{name} on {st.node_name} exited ({info.exit_code or info.signal or 'unknown'})")
         elif not info.port_listening:

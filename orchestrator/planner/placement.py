@@ -132,7 +132,8 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     shared = _sharing_a_machine(stages)
     if shared:
         note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
-    return predict(stages, links, hidden_bytes, requests=requests, timing_note=note)
+    return predict(stages, links, hidden_bytes, requests=requests, timing_note=note,
+                   speculative_tokens=s.speculative_tokens)
 
 
 def _sharing_a_machine(stages: Sequence[StageSpec]) -> str:

@@ -44,6 +44,8 @@ class PlanSettings(BaseModel):
     # Warn when a node's plan uses more than this fraction of its free memory: overheads are
     # estimates and long prompts need transient buffers.
     tight_fit_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
+    # Speculative decoding (engine/coordinator/drafting.py): the most tokens a request drafts per pass; 0 = off.
+    speculative_tokens: int = Field(default=0, ge=0, le=16)
     # Inclusive (first, last) layer ranges, one per selected node in order; None = balance.
     manual_split: tuple[tuple[int, int], ...] | None = None
 

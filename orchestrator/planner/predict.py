@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict
 
 from orchestrator.planner.perf_inputs import LOCAL_LINK, LayerTiming, LinkCost
+from orchestrator.planner.speculation_gain import Gain, gains
 
 HEADER_BYTES = 36  # a frame's header (engine/wire.py)
 RESULT_BYTES = 64  # a sampled token's RESULT frame, generously
@@ -90,6 +91,7 @@ class Performance(BaseModel):
     single_node: str | None = None  # the verdict against one node alone, when one could hold the model
     timing_note: str = ""  # where the compute timings come from
     automatic: str | None = None  # a manual split: what the automatic one would predict, to compare
+    speculation: tuple[Gain, ...] = ()  # with speculative decoding on: the gain per measured workload
 
     def aggregate(self, requests: int) -> float | None:
         """Predicted tokens/s at `requests` (None when not predicted)."""
@@ -105,6 +107,36 @@ def stage_step_ms(stage: StageSpec, rows: int, solo: bool = False) -> float:
     and the stage's own path around them (frames in and out, conversions, sampling's encode)."""
     t = stage.layer_weight * stage.timing.layer_ms(rows, solo) + stage.timing.step_overhead_ms(rows, stage.last)
     return t + (stage.timing.head_ms(rows, solo) if stage.last else 0.0)
+
+
+def verify_step_ms(stage: StageSpec, positions: int) -> float:
+    """One request's verification chunk of `positions` on a stage: a step of that many rows
+    (the same matmuls as a decode batch), on every core as one request's steps run."""
+    t = stage.timing
+    solo = t.layer_ms_b1_solo / t.layer_ms_b1 if t.layer_ms_b1 > 0 else 1.0
+    ms = stage.layer_weight * t.layer_ms(positions) * solo + t.step_overhead_ms(1, stage.last)
+    if stage.last:
+        head_solo = t.head_ms_b1_solo / t.head_ms_b1 if t.head_ms_b1 > 0 else 1.0
+        ms += t.head_ms(positions) * head_solo
+    return ms
+
+
+def pass_ms(stage_ms: Sequence[float], links: Sequence[LinkCost], hidden_bytes: int, positions: int,
+            coordinator: float) -> float:
+    """One verification pass of `positions` positions: every stage's step of that many rows
+    (`stage_ms`), the hidden states across each boundary, a RESULT per position back, the coordinator."""
+    hops = sum(links[k].transfer_ms(positions * hidden_bytes + HEADER_BYTES) for k in range(len(stage_ms) - 1))
+    return sum(stage_ms) + hops + links[-1].transfer_ms(positions * RESULT_BYTES) + coordinator
+
+
+def speculation_gains(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,
+                      max_drafts: int) -> tuple[Gain, ...]:
+    """What drafting up to `max_drafts` tokens per pass gains one request, per measured workload."""
+    if max_drafts <= 0:
+        return ()
+    passes = {d: pass_ms([verify_step_ms(s, d + 1) for s in stages], links, hidden_bytes, d + 1,
+                         coordinator_ms(stages, 1)) for d in range(1, max_drafts + 1)}
+    return gains(decode_ms_1(stages, links, hidden_bytes)[0], passes, max_drafts)
 
 
 def coordinator_ms(stages: Sequence[StageSpec], rows: int) -> float:
@@ -212,8 +244,10 @@ def bottleneck(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_by
 
 def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, *,
             prefill_step: int = 2048, max_batch: int = 16, requests: Sequence[int] = DEFAULT_REQUESTS,
-            prompts: Sequence[int] = DEFAULT_PROMPTS, timing_note: str = "") -> Performance:
-    """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1)."""
+            prompts: Sequence[int] = DEFAULT_PROMPTS, timing_note: str = "",
+            speculative_tokens: int = 0) -> Performance:
+    """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1);
+    `speculative_tokens` > 0: also what speculative decoding gains (speculation_gain.py)."""
     if len(links) != len(stages) or not stages:
         raise ValueError(f"{len(stages)} stages need {len(stages)} links (the last one back to the coordinator)")
     ms1, compute = decode_ms_1(stages, links, hidden_bytes)
@@ -229,7 +263,7 @@ def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes
         ttft_s=tuple(Point(x=p, y=ttft_s(stages, links, hidden_bytes, p, prefill_step)) for p in prompts),
         stage_ms_1=tuple(stage_step_ms(s, 1, solo=True) for s in stages), boundaries=tuple(bounds),
         bottleneck=bottleneck(stages, links, hidden_bytes, max(requests, default=1), max_batch),
-        timing_note=timing_note)
+        timing_note=timing_note, speculation=speculation_gains(stages, links, hidden_bytes, speculative_tokens))
 
 
 def single_node_verdict(split: Performance, single: Performance, node_name: str) -> str:

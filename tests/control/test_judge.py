@@ -79,3 +79,16 @@ def test_a_post_mortem_keeps_the_exit_status_the_stop_observed():
     assert settled(before, None) == before  # the stop could not say: the look stands
     exited = PostMortem(process="stage-1", node_name="node-1", ended="killed by SIGKILL")
     assert settled(exited, stopped) == exited  # the look already saw the end
+
+
+def test_the_coordinators_speculation_counts_go_to_the_last_stage_only():
+    """Speculative decoding is verified on the last stage: its card shows the coordinator's counts."""
+    look = _health("ready")
+    statuses, _, _ = judge(_session(), _processes(), look)
+    assert [s.speculation for s in statuses] == [None, None]  # the cluster does not speculate
+    spec = {"max_drafts": 4, "passes": 10, "drafted": 30, "accepted": 12}
+    look = read_health(200, HealthReport(status="ready", ready=True, stages=look.report.stages,
+                                         speculation=spec).model_dump_json().encode())
+    statuses, problem, _ = judge(_session(), _processes(), look)
+    assert problem == "" and statuses[0].speculation is None
+    assert statuses[1].speculation is not None and statuses[1].speculation.model_dump() == spec

@@ -14,8 +14,10 @@ Then the comparison is shown to bite: a stage that moves its position back witho
 from __future__ import annotations
 
 import pytest
+import requests
 
 from orchestrator.engine.coordinator.pipeline import GenerationParams
+from orchestrator.proc import wait_until
 from tests.engine.harness import InTestCoordinator, reference
 
 REPEAT = [5, 17, 101, 33, 7, 250, 9] * 4
@@ -131,3 +133,30 @@ def test_a_stage_that_skips_the_trim_fails_the_comparison(launch, expected):
         coord.stop()
     assert drafted > accepted, f"no draft was rejected, so nothing was rolled back: {passes, drafted, accepted}"
     assert got != [want[tuple(p)] for p in PROMPTS]
+
+
+def test_health_reports_the_passes_prompt_lookup_verified(launch, expected):
+    """A real coordinator drafting by prompt lookup (no oracle): GET /health carries its speculation
+    counts, the ones /metrics gives and the dashboard's last stage card shows; without speculation,
+    none."""
+    model, _ = expected
+    cluster = launch(model, [(0, 1), (2, 3)], prefill_step_size=16, speculative_tokens=4)
+    plain = launch(model, [(0, 1), (2, 3)], prefill_step_size=16)
+    for c in (cluster, plain):
+        c.wait_ready()
+    # drafting starts once every stage's PONG said its caches roll back
+    wait_until(lambda: all(s.get("speculation") for s in requests.get(cluster.base_url + "/health", timeout=5)
+                           .json()["stages"]), 30, message="the stages' PONGs saying they can speculate")
+    body = {"model": "default", "prompt": REPEAT, "max_tokens": TOKENS, "temperature": 0}
+    answer = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=120).json()
+    health = requests.get(cluster.base_url + "/health", timeout=5).json()
+    metrics = {line.split()[0]: float(line.split()[1]) for line in
+               requests.get(cluster.base_url + "/metrics", timeout=5).text.splitlines()
+               if line.startswith("pipeserve_spec_") and line.split()[0].endswith("_total")}
+    spec = health["speculation"]
+    assert answer.get("usage", {}).get("completion_tokens", 0) > 0, answer
+    assert spec["max_drafts"] == 4 and spec["passes"] > 0 and spec["drafted"] >= spec["passes"], spec
+    assert (spec["passes"], spec["drafted"], spec["accepted"]) == (
+        metrics["pipeserve_spec_passes_total"], metrics["pipeserve_spec_drafted_tokens_total"],
+        metrics["pipeserve_spec_accepted_tokens_total"])
+    assert requests.get(plain.base_url + "/health", timeout=5).json()["speculation"] is None

@@ -72,3 +72,12 @@ def test_the_prompt_cache_budget_is_sized_from_each_stage_headroom() -> None:
     assert config.cluster.prompt_cache_budget == min(s.prompt_cache_bytes for s in plan.stages)
     assert plan_to_cluster_config(plan, "off", prompt_cache_bytes=0).cluster.prompt_cache_budget == 0
     assert prompt_cache_budget(100, 120) == 0 and prompt_cache_budget(1 << 40, 0) == PROMPT_CACHE_MAX
+
+
+def test_speculation_goes_into_the_cluster_table() -> None:
+    assert "speculative_tokens = 0" in plan_to_cluster_toml(make_plan(), "c")  # off, the default
+    config = plan_to_cluster_config(make_plan(speculative_tokens=4), "c")
+    assert config.cluster.speculative_tokens == 4
+    assert "speculative_tokens = 4" in plan_to_cluster_toml(make_plan(speculative_tokens=4), "c")
+    with pytest.raises(ValueError):
+        PlanSettings(speculative_tokens=17)  # the engine's own bound

@@ -22,6 +22,8 @@ def post(web: Web, path: str, data: dict, **headers: str):
     ({"port_start": "80"}, "Transport port range start: must be between 1024 and 65535"),
     ({"port_start": "39600", "port_end": "39602"}, "Transport port range: needs at least 4 ports for 2 stages"),
     ({"transport_backend": "carrier-pigeon"}, "Default transport backend: unknown value 'carrier-pigeon'"),
+    ({"speculative_tokens": "17"}, "Speculative decoding: must be between 0 and 16"),
+    ({"speculative_tokens": "four"}, "Speculative decoding: enter a whole number"),
 ])
 def test_settings_validation_says_what_is_wrong_keeps_the_input_and_saves_nothing(web: Web, change: dict,
                                                                                    message: str):
@@ -44,6 +46,12 @@ def test_valid_settings_are_saved_and_confirmed(web: Web):
     assert "Saved: distributed serving on, rdma, ports 40000–40009." in r.get_data(as_text=True)
     s = web.orch.state.settings
     assert s.distributed_enabled and s.transport_backend == "rdma" and (s.port_start, s.port_end) == (40000, 40009)
+    assert s.speculative_tokens == 0 and "Speculative decoding is off." in r.get_data(as_text=True)
+    r = post(web, "/settings/distributed", {**GOOD, "speculative_tokens": "4"})
+    assert r.status_code == 200 and web.orch.state.settings.speculative_tokens == 4
+    assert "Speculative decoding drafts up to 4 tokens per pass" in r.get_data(as_text=True)
+    form = parse(r.get_data(as_text=True)).by_id("settings-form")
+    assert form.find("input", name="speculative_tokens").attrs["value"] == "4"
 
 
 @pytest.mark.parametrize("path", ["/cluster/plan", "/cluster/prepare", "/cluster/launch"])

@@ -27,7 +27,9 @@ ACTIONS = [
 def seeded(web: Web) -> Web:
     """A registered node to remove (its agent does not exist: the watcher marks it unreachable)."""
     web.orch.post(ev.NodeRegistered(node=Node(id="n0", name="n0", url="http://127.0.0.1:9", credential="c")))
-    web.orch.wait(lambda st: st.node("n0") is not None, 5)
+    # settled: the watcher's first report of it (unreachable) changes the state, and must not do so
+    # in the middle of a test that asserts a refused action changed nothing (failed once under load)
+    web.orch.wait(lambda st: st.node("n0") is not None and st.node("n0").status == "unreachable", 30)
     return web
 
 

@@ -228,3 +228,34 @@ def test_a_stage_card_shows_its_prompt_cache():
     assert cache_text(None) is None
     text = cache_text(StageCache(entries=2, bytes=3 * MB, hits=1, tokens_reused=2048))
     assert text.startswith("2 entries · ") and "1 hit · 2,048 tokens reused" in text
+
+
+def test_the_last_stage_card_shows_how_speculation_verifies():
+    from orchestrator.control.state import Speculation
+    from webapp.views.sessions import speculation_text, stage_rows
+
+    assert speculation_text(None) is None
+    assert speculation_text(Speculation(max_drafts=4)) == "on (up to 4 drafts per pass), no pass verified yet"
+    s = cluster()
+    spec = Speculation(max_drafts=4, passes=200, drafted=500, accepted=260)
+    last = s.stage_status[1].model_copy(update={"speculation": spec})
+    rows = stage_rows(s.model_copy(update={"stage_status": (s.stage_status[0], last)}))
+    assert rows[0]["speculation"] is None
+    assert rows[1]["speculation"] == "52% of 500 drafts accepted · 2.30 tokens per pass · 200 passes"
+    ended = stage_rows(s.model_copy(update={"phase": "stopped", "stage_status": (s.stage_status[0], last)}))
+    assert ended[1]["speculation"] is None  # history: the processes are gone
+
+
+def test_the_prediction_says_what_speculation_gains_per_workload_and_where_it_loses():
+    from orchestrator.planner.predict import Performance, Point
+    from orchestrator.planner.speculation_gain import Gain
+    from webapp.views.perf import performance_view
+
+    base = Performance(decode_tps_1=10.0, ms_per_token_1=100.0, compute_ms_1=90.0, aggregate_tps=(Point(x=4, y=30),),
+                       ttft_s=(), stage_ms_1=(45.0, 45.0), boundaries=(), bottleneck="stage 0")
+    assert performance_view(base)["speculation"] == []
+    v = performance_view(base.model_copy(update={"speculation": (
+        Gain(workload="code edit", tokens_per_pass=2.4, decode_tps=16.0, gain=1.6),
+        Gain(workload="free chat", tokens_per_pass=1.1, decode_tps=8.0, gain=0.8))}))["speculation"]
+    assert v == [{"workload": "code edit", "gain": "1.60", "tps": "16.0", "per_pass": "2.40", "loses": False},
+                 {"workload": "free chat", "gain": "0.80", "tps": "8.0", "per_pass": "1.10", "loses": True}]

@@ -82,5 +82,7 @@ def performance_view(perf: Performance | None) -> dict[str, Any] | None:
             or "no selected node could hold the whole model alone at this context and concurrency: the split is the "
                "way to serve it",
             "automatic": perf.automatic, "note": perf.timing_note,
+            "speculation": [{"workload": g.workload, "gain": f"{g.gain:.2f}", "tps": f"{g.decode_tps:.1f}",
+                             "per_pass": f"{g.tokens_per_pass:.2f}", "loses": g.gain < 1} for g in perf.speculation],
             "boundaries": [{"source": b.source, "target": b.target, "link": b.link, "interface": b.interface,
                             "measured": b.measured, "ms": f"{b.ms_per_token:.2f}"} for b in perf.boundaries]}

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from orchestrator.control.state import Fault, Session, StageCache, StageProgress, State
+from orchestrator.control.state import Fault, Session, Speculation, StageCache, StageProgress, State
 from webapp.views.charts import step_chart, throughput_chart
 from webapp.views.context import ViewContext
 from webapp.views.format import size
@@ -36,6 +36,7 @@ def stage_rows(s: Session) -> list[dict[str, Any]]:
             "detail": "" if status is None else (status.fault or status.detail),
             "progress": None if status is None or ended else progress_text(status.progress),
             "prompt_cache": None if status is None or ended else cache_text(status.prompt_cache),
+            "speculation": None if status is None or ended else speculation_text(status.speculation),
             "chart": step_chart(s, st.index), "ended": ended,
         })
     return rows
@@ -47,6 +48,16 @@ def cache_text(c: StageCache | None) -> str | None:
         return None
     return (f"{c.entries} entr{'y' if c.entries == 1 else 'ies'} · {size(c.bytes)} · {c.hits} hit"
             f"{'' if c.hits == 1 else 's'} · {c.tokens_reused:,} tokens reused")
+
+
+def speculation_text(s: Speculation | None) -> str | None:
+    """The last stage's card: how its verification passes went (accepted drafts, tokens per pass)."""
+    if s is None:
+        return None
+    if not s.passes:
+        return f"on (up to {s.max_drafts} drafts per pass), no pass verified yet"
+    return (f"{s.accepted / max(1, s.drafted):.0%} of {s.drafted:,} drafts accepted · "
+            f"{(s.accepted + s.passes) / s.passes:.2f} tokens per pass · {s.passes:,} passes")
 
 
 def shown_health(s: Session) -> str:

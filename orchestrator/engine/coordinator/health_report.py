@@ -57,6 +57,18 @@ class StageCacheReport(BaseModel):
     tokens_reused: int = 0
 
 
+class SpeculationReport(BaseModel):
+    """Speculative decoding so far (engine/coordinator/speculation.py): the cluster's draft limit,
+    verification passes, drafted tokens and the drafts the last stage accepted."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    max_drafts: int = 0
+    passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
 class StageReport(BaseModel):
     """How the coordinator sees one stage; the stage's own statistics ride along as extra fields."""
 
@@ -92,11 +104,12 @@ class HealthReport(BaseModel):
     model: str = ""
     in_flight: int = 0
     stages: tuple[StageReport, ...] = ()
+    speculation: SpeculationReport | None = None  # None: the cluster does not speculate
 
     def stage(self, stage_id: str) -> StageReport | None:
         """The report of stage `stage_id` ("stage-1"), None if the coordinator does not list it."""
         return next((s for s in self.stages if s.id == stage_id), None)
 
 
-__all__ = ["CONTROL_HEADER", "HealthReport", "PipelineState", "StageCacheReport", "StageProgressReport", "StageReport",
-           "StageState", "control_token"]
+__all__ = ["CONTROL_HEADER", "HealthReport", "PipelineState", "SpeculationReport", "StageCacheReport",
+           "StageProgressReport", "StageReport", "StageState", "control_token"]

@@ -74,6 +74,12 @@ class Metrics:
             self._spec[1] += drafted
             self._spec[2] += accepted
 
+    def speculation(self) -> dict[str, int]:
+        """Verification passes, drafted tokens and accepted drafts so far."""
+        with self._lock:
+            passes, drafted, accepted = self._spec
+        return {"passes": passes, "drafted": drafted, "accepted": accepted}
+
     def observe_cache(self, stats: dict) -> None:
         """The coordinator's prompt-cache index figures (prefix_index.PrefixIndex.stats)."""
         with self._lock:

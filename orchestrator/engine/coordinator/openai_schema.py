@@ -20,8 +20,10 @@ MAX_PENALTY = 1e4  # |presence_penalty|, |frequency_penalty|, |logit_bias values
 # never silently ignored.
 UNSUPPORTED = {
     "adapters": "LoRA adapters are not supported by a split model",
-    "draft_model": "speculative decoding (draft_model) is not supported by a split model",
-    "num_draft_tokens": "speculative decoding (num_draft_tokens) is not supported by a split model",
+    "draft_model": "a per-request draft model (draft_model) is not supported: a cluster speculates by prompt "
+                   "lookup when its speculative_tokens is set (docs/speculation.md)",
+    "num_draft_tokens": "a per-request draft length (num_draft_tokens) is not supported: a cluster speculates by "
+                        "prompt lookup when its speculative_tokens is set (docs/speculation.md)",
     "functions": "the legacy `functions` field is not supported; use `tools`",
     "function_call": "the legacy `function_call` field is not supported; use `tool_choice`",
     "prediction": "predicted outputs are not supported",

@@ -24,3 +24,11 @@ def test_passes_drafts_acceptance_and_tokens_per_pass():
         "pipeserve_spec_accepted_tokens_total": 5, "pipeserve_spec_acceptance_rate": 0.5,
         "pipeserve_spec_tokens_per_pass": round(8 / 3, 4)}
     assert "# TYPE pipeserve_spec_passes_total counter" in metrics.render()
+
+
+def test_the_counts_behind_the_health_reports_speculation():
+    metrics = Metrics(["stage-0"])
+    assert metrics.speculation() == {"passes": 0, "drafted": 0, "accepted": 0}
+    metrics.observe_pass(4, 3)
+    metrics.observe_pass(2, 0)
+    assert metrics.speculation() == {"passes": 2, "drafted": 6, "accepted": 3}

@@ -1,0 +1,57 @@
+"""What the plan preview predicts speculative decoding gains (planner/speculation_gain.py, predict.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
+from orchestrator.planner.predict import COORDINATOR_MS, StageSpec, pass_ms, predict, verify_step_ms
+from orchestrator.planner.speculation_gain import MEASURED, Workload, gains
+
+# 1 ms per layer for one row, 2 ms for 8 rows (1 + (rows - 1) / 7 in between); no head.
+T = LayerTiming(layer_ms_b1_solo=1.0, layer_ms_b1=1.0, layer_ms_bB=2.0, batch=8, prefill_ms_per_token=0.1)
+FREE = LinkCost(rtt_ms=0.0, bandwidth_Bps=1e15)
+GBE = LinkCost(rtt_ms=0.3, bandwidth_Bps=125e6)
+HIDDEN = 2304
+
+
+def _stages() -> list[StageSpec]:
+    return [StageSpec(label="s0", node_name="a", layer_weight=10, last=False, timing=T),
+            StageSpec(label="s1", node_name="b", layer_weight=10, last=True, timing=T)]
+
+
+def test_a_pass_of_d_drafts_costs_a_step_of_d_plus_one_rows_on_every_stage():
+    stages = _stages()
+    assert verify_step_ms(stages[0], 5) == pytest.approx(10 * (1 + 4 / 7))
+    # hand-checked: both stages at 5 rows, nothing on the free links, the coordinator's work
+    assert pass_ms([verify_step_ms(s, 5) for s in stages], [FREE, FREE], HIDDEN, 5, COORDINATOR_MS) == \
+        pytest.approx(20 * (1 + 4 / 7) + COORDINATOR_MS)
+    # over 1 GbE five hidden states cross the boundary and five results come back
+    over_gbe = pass_ms([verify_step_ms(s, 5) for s in stages], [GBE, GBE], HIDDEN, 5, COORDINATOR_MS)
+    assert over_gbe == pytest.approx(20 * (1 + 4 / 7) + COORDINATOR_MS + 0.3 + (5 * HIDDEN + 36) / 125e3
+                                     + (5 * 64) / 125e3)
+
+
+def test_the_gain_is_tokens_per_pass_times_a_plain_token_over_the_pass():
+    plain = 20.3
+    passes = {d: 20 * (1 + d / 7) + 0.3 for d in range(1, 5)}
+    every = Workload(name="repeats", drafts_per_pass=4, acceptance=1.0)
+    never = Workload(name="novel", drafts_per_pass=4, acceptance=0.0)
+    good, bad = gains(plain, passes, 4, [every, never])
+    assert good.tokens_per_pass == 5 and good.gain == pytest.approx(5 * plain / passes[4])
+    assert bad.tokens_per_pass == 1 and bad.gain == pytest.approx(plain / passes[4]) and bad.gain < 1
+    # the cluster's draft limit caps what a workload drafts
+    capped, = gains(plain, passes, 2, [every])
+    assert capped.tokens_per_pass == 3 and capped.gain == pytest.approx(3 * plain / passes[2])
+
+
+def test_the_prediction_carries_the_gain_per_measured_workload_only_when_speculating():
+    stages = _stages()
+    assert predict(stages, [FREE, FREE], HIDDEN).speculation == ()
+    perf = predict(stages, [FREE, FREE], HIDDEN, speculative_tokens=4)
+    assert [g.workload for g in perf.speculation] == [w.name for w in MEASURED]
+    for g, w in zip(perf.speculation, MEASURED):
+        d = max(1, min(4, round(w.drafts_per_pass)))
+        assert g.tokens_per_pass == pytest.approx(1 + w.acceptance * d)
+        assert g.gain == pytest.approx(g.tokens_per_pass * perf.ms_per_token_1 / (20 * (1 + d / 7) + COORDINATOR_MS))
+        assert g.decode_tps == pytest.approx(g.gain * perf.decode_tps_1)
