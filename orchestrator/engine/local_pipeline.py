@@ -80,6 +80,9 @@ def write_config(path: Path, name: str, splits: list[tuple[int, int]], ports: li
     return path
 
 
+BIND_ATTEMPTS = 3  # starts on fresh ports when a port was taken before a child bound it
+
+
 @dataclass
 class LocalPipeline:
     """A running local pipeline; use as a context manager or call `stop()`."""
@@ -99,6 +102,9 @@ class LocalPipeline:
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.secret = secrets.token_hex(16)
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
         self.ports = [free_port() for _ in range(len(self.splits) + 1)]
         self.http_port = free_port()
         self.config_path = write_config(self.workdir / "cluster.toml", "local", self.splits, self.ports, **self.cluster)
@@ -114,7 +120,20 @@ class LocalPipeline:
                 "PYTHONUNBUFFERED": "1"}
 
     def start(self) -> "LocalPipeline":
-        """Start stages in order, then the coordinator; raises LaunchError with output on failure."""
+        """Start stages in order, then the coordinator; raises LaunchError with output on failure.
+        A port taken by another process between picking it and binding it (other test suites on
+        the machine) is not this pipeline's failure: it starts again on fresh ports, twice at most."""
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                return self._start_once()
+            except LaunchError as exc:
+                if "Address already in use" not in str(exc) or attempt == BIND_ATTEMPTS - 1:
+                    raise
+                self.procs = {}
+                self._pick_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "LocalPipeline":
         try:
             for k in range(len(self.splits)):
                 self._spawn(f"stage-{k}", ["stage", "--config", str(self.config_path), "--node-id", f"stage-{k}",
