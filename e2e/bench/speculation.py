@@ -168,9 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                     keys = [f"pipeserve_spec_{k}_total" for k in ("passes", "drafted_tokens", "accepted_tokens")]
                     passes, drafted, accepted = (after[k] - before[k] for k in keys)
                     med = {name: statistics.median(v) for name, v in got.items()}
+                    steps = {name: [s.get("step_ms") or 0.0 for s in systems[name].health()["stages"]]
+                             for name in ("spec", "plain")}
                     rows.append((workload, concurrent, med, accepted / drafted if drafted else 0.0,
                                  (accepted + passes) / passes if passes else 0.0,
-                                 texts["spec"] == texts["plain"] == texts["single"]))
+                                 texts["spec"] == texts["plain"] == texts["single"], steps,
+                                 drafted / passes if passes else 0.0))
                     print(f"bench: {workload} x{concurrent}: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items())
                           + " tok/s", file=sys.stderr)
         finally:
@@ -191,11 +194,20 @@ def print_tables(args: argparse.Namespace, rows: list, started: float, load: tup
     print("| workload | requests | single-process tok/s | pipeline tok/s | pipeline ÷ single | with speculation "
           "tok/s | with ÷ without | with ÷ single | acceptance | tokens per pass | same text (all three) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for workload, c, med, acc, per_pass, same in rows:
+    for workload, c, med, acc, per_pass, same, *_ in rows:
         single = f"{med['single']:.2f}" + (" (one at a time)" if c > 1 else "")
         print(f"| {workload} | {c} | {single} | {med['plain']:.2f} | {med['plain'] / med['single']:.2f}× | "
               f"{med['spec']:.2f} | **{med['spec'] / med['plain']:.2f}×** | {med['spec'] / med['single']:.2f}× | "
               f"{acc:.0%} | {per_pass:.2f} | {'yes' if same else 'NO'} |")
+    print("\nWhat a pass costs (1 request): each stage's step time at the end of the workload (the stages' EMA of "
+          "their last ~10 steps, from GET /health; with speculation most steps are passes) and drafts per pass:\n")
+    print("| workload | stage steps ms with speculation | stage steps ms without | with ÷ without | drafts per pass |")
+    print("|---|---|---|---|---|")
+    for workload, c, _, _, _, _, steps, drafts in rows:
+        if c == 1:
+            ratio = sum(steps["spec"]) / sum(steps["plain"]) if sum(steps["plain"]) else 0.0
+            print(f"| {workload} | {' + '.join(f'{x:.1f}' for x in steps['spec'])} | "
+                  f"{' + '.join(f'{x:.1f}' for x in steps['plain'])} | {ratio:.2f} | {drafts:.2f} |")
     plain = {(w, c): med["plain"] for w, c, med, *_ in rows}
     single = {(w, c): med["single"] for w, c, med, *_ in rows}
     print("\nPer-token targets of the pipeline without speculation (end-to-end wall time, prefill included):\n")
