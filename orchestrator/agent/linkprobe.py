@@ -3,7 +3,7 @@
 A probe opens one HTTP connection to the peer's `/v1/links/echo` (authorized by a probe
 ticket the peer minted for this purpose only), sends `pings` tiny requests (their median is
 the HTTP round trip, software included), then two payloads (64 KiB and up to 1 MiB, each
-the best of two): their time difference over their size difference is the throughput, with
+the best of three, in turn): their time difference over their size difference is the throughput, with
 the fixed per-request costs cancelled. The kernel's TCP estimate on the same socket
 (TCP_INFO min_rtt) is the network's own round trip.
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from orchestrator.agent.linkecho import MIN_DIFFERENCE_S, SMALL_PAYLOAD, kernel_rtt_ms, time_path
+from orchestrator.agent.linkecho import kernel_rtt_ms, throughput, time_path
 from orchestrator.agent.netif import describe, interface_for
 from orchestrator.agent.perf_schemas import LinkPeer, LinkSample, MeasureLinksRequest, NetInterface
 from orchestrator.logs import EventLogger
@@ -60,13 +60,7 @@ def probe(peer: LinkPeer, pings: int = 8, payload_bytes: int = 1 << 20,
             return took
 
         times = [echo("GET") for _ in range(pings + 1)][1:]  # the first pays for the connection's warm-up
-        small, big = bytes(SMALL_PAYLOAD), bytes(max(payload_bytes, 2 * SMALL_PAYLOAD))
-        t_small = min(echo("POST", small) for _ in range(2))
-        t_big = min(echo("POST", big) for _ in range(2))
-        # Below the timer's resolution the difference is noise: the throughput is only known to be
-        # at least what the resolution allows (said so, not a clamp shown as 7,864 Gbit/s).
-        floor = t_big - t_small < MIN_DIFFERENCE_S
-        bandwidth = (len(big) - len(small)) / max(t_big - t_small, MIN_DIFFERENCE_S)
+        bandwidth, floor = throughput(lambda body: echo("POST", body), payload_bytes)
         update = {"http_rtt_ms": statistics.median(times) * 1000, "rtt_ms": kernel_rtt_ms(conn.sock),
                   "bandwidth_Bps": bandwidth, "bandwidth_lower_bound": floor}
         host = peer.transport_host or parts.hostname or ""

@@ -41,12 +41,11 @@ class Gain(BaseModel):
     gain: float  # ÷ plain decoding
 
 
-# e2e/bench/speculation.py on SmolLM2-135M-Instruct, --draft 4, greedy (docs/benchmark.md,
-# "Speculative decoding"): passes, drafted and accepted tokens from the coordinator's /metrics.
+# e2e/bench/speculation.py on SmolLM2-135M-Instruct, --draft 4 --tokens 48, greedy, 1 request (docs/benchmark.md,
+# "Speculative decoding", 2026-12-02): accepted ÷ drafted, and drafted per pass = (tokens per pass - 1) ÷ that.
 MEASURED: tuple[Workload, ...] = (
-    Workload(name="code edit", drafts_per_pass=3.6, acceptance=0.34),
-    Workload(name="tool-call arguments", drafts_per_pass=1.9, acceptance=0.15),
-    Workload(name="free chat", drafts_per_pass=1.3, acceptance=0.05),
+    Workload(name="code edit", drafts_per_pass=2.37, acceptance=0.52),  # 2.23 tokens per pass
+    Workload(name="tool-call arguments", drafts_per_pass=1.93, acceptance=0.15),  # 1.29 tokens per pass
 )
 
 

@@ -11,7 +11,7 @@ from orchestrator import settings
 from orchestrator.agent import compute
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.job_follower import follow_job
-from orchestrator.agent.linkprobe import MIN_DIFFERENCE_S, SMALL_PAYLOAD
+from orchestrator.agent.linkecho import MIN_DIFFERENCE_S, SMALL_PAYLOAD
 from orchestrator.agent.local_agent import SHARED_HOST_BLAS
 from orchestrator.agent.netif import describe, linux_kind, linux_speed
 from orchestrator.agent.perf_routes import PROBE_SCOPE, ticket_allows
