@@ -41,11 +41,13 @@ class Gain(BaseModel):
     gain: float  # ÷ plain decoding
 
 
-# e2e/bench/speculation.py on SmolLM2-135M-Instruct, --draft 4 --tokens 48, greedy, 1 request (docs/benchmark.md,
-# "Speculative decoding", 2026-12-02): accepted ÷ drafted, and drafted per pass = (tokens per pass - 1) ÷ that.
+# e2e/bench/speculation.py's workloads on SmolLM2-135M-Instruct, speculative_tokens = 4, greedy, 1 request of
+# at most 96 tokens each (docs/benchmark.md, "Speculative decoding", 2026-12-03): drafted ÷ passes and
+# accepted ÷ drafted from the coordinator's /metrics.
 MEASURED: tuple[Workload, ...] = (
-    Workload(name="code edit", drafts_per_pass=2.37, acceptance=0.52),  # 2.23 tokens per pass
-    Workload(name="tool-call arguments", drafts_per_pass=1.93, acceptance=0.15),  # 1.29 tokens per pass
+    Workload(name="code edit", drafts_per_pass=2.38, acceptance=0.52),  # 13 passes, 31 drafted, 16 accepted
+    Workload(name="tool-call arguments", drafts_per_pass=1.6, acceptance=0.21),  # 15 passes, 24 drafted, 5 accepted
+    Workload(name="free chat", drafts_per_pass=1.5, acceptance=0.0),  # 8 passes, 12 drafted, 0 accepted
 )
 
 
@@ -55,11 +57,13 @@ def gains(plain_ms: float, pass_ms_of: dict[int, float], max_drafts: int,
     `pass_ms_of[d]`: a pass of d drafts (d + 1 positions) for each d from 1 to `max_drafts`."""
     out = []
     for w in workloads:
-        drafts = max(1, min(max_drafts, round(w.drafts_per_pass)))
+        drafts = max(1.0, min(float(max_drafts), w.drafts_per_pass))  # the adaptive length's average
+        low = int(drafts)
+        high = min(max_drafts, low + 1)
+        ms = pass_ms_of[low] + (pass_ms_of[high] - pass_ms_of[low]) * (drafts - low)  # between whole lengths
         tokens = 1 + w.acceptance * drafts
-        seconds = pass_ms_of[drafts] / 1000
-        out.append(Gain(workload=w.name, tokens_per_pass=tokens, decode_tps=tokens / seconds,
-                        gain=tokens * plain_ms / pass_ms_of[drafts]))
+        out.append(Gain(workload=w.name, tokens_per_pass=tokens, decode_tps=tokens * 1000 / ms,
+                        gain=tokens * plain_ms / ms))
     return tuple(out)
 
 

@@ -43,6 +43,10 @@ def test_the_gain_is_tokens_per_pass_times_a_plain_token_over_the_pass():
     # the cluster's draft limit caps what a workload drafts
     capped, = gains(plain, passes, 2, [every])
     assert capped.tokens_per_pass == 3 and capped.gain == pytest.approx(3 * plain / passes[2])
+    # an average between two lengths: its tokens, and a pass priced between theirs
+    half, = gains(plain, passes, 4, [Workload(name="some", drafts_per_pass=2.5, acceptance=0.5)])
+    assert half.tokens_per_pass == pytest.approx(2.25)
+    assert half.gain == pytest.approx(2.25 * plain / ((passes[2] + passes[3]) / 2))
 
 
 def test_the_prediction_carries_the_gain_per_measured_workload_only_when_speculating():
@@ -51,7 +55,8 @@ def test_the_prediction_carries_the_gain_per_measured_workload_only_when_specula
     perf = predict(stages, [FREE, FREE], HIDDEN, speculative_tokens=4)
     assert [g.workload for g in perf.speculation] == [w.name for w in MEASURED]
     for g, w in zip(perf.speculation, MEASURED):
-        d = max(1, min(4, round(w.drafts_per_pass)))
+        d = max(1.0, min(4.0, w.drafts_per_pass))
         assert g.tokens_per_pass == pytest.approx(1 + w.acceptance * d)
+        # the pass priced as a step of d + 1 rows (the layer timing is linear in rows between 1 and 8)
         assert g.gain == pytest.approx(g.tokens_per_pass * perf.ms_per_token_1 / (20 * (1 + d / 7) + COORDINATOR_MS))
         assert g.decode_tps == pytest.approx(g.gain * perf.decode_tps_1)
