@@ -162,6 +162,10 @@ class LocalPipeline:
 
     def _wait_port(self, name: str, port: int) -> None:
         def listening() -> bool:
+            # its own word first: another process listening on a port the stage failed to bind
+            # would answer the connect (the stage exits with "Address already in use": start again)
+            if not self.procs[name].printed(r"(transport\.listening|http\.bound)"):  # a stage's, a coordinator's
+                return False
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return True
 
