@@ -36,8 +36,10 @@ def test_a_relay_with_added_delay_shows_in_the_path_round_trip_but_not_in_the_ke
 
 def test_without_a_relay_the_path_round_trip_is_loopbacks():
     port, nonce = open_echo("127.0.0.1", free_range(), 1 << 20)
-    rtt, *_ = time_path(("127.0.0.1", port), nonce, 6, 1 << 20)
-    assert 0 < rtt < 4.0, rtt
+    rtt, _, _, _, local = time_path(("127.0.0.1", port), nonce, 6, 1 << 20)
+    # the direct path: from loopback, and a round trip in milliseconds. No upper bound on how long it
+    # took: load lengthens it (the relay's added delay is asserted as a lower bound, which no load breaks)
+    assert local == "127.0.0.1" and 0 < rtt < 1000, rtt
 
 
 def test_the_echo_serves_one_connection_with_its_nonce_only():
