@@ -110,6 +110,7 @@ class Speculation(_Frozen):
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    refused: bool = False  # the model's caches cannot roll back exactly: it never drafts
 
 
 class StageStatus(_Frozen):

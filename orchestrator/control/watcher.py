@@ -48,7 +48,7 @@ def speculation_of(report: HealthReport | None) -> Speculation | None:
     """The coordinator's speculative-decoding counts (None when it does not speculate)."""
     s = report.speculation if report is not None else None
     return None if s is None else Speculation(max_drafts=s.max_drafts, passes=s.passes, drafted=s.drafted,
-                                              accepted=s.accepted)
+                                              accepted=s.accepted, refused=s.refused)
 
 
 def progress_of(report: StageReport | None) -> StageProgress | None:

@@ -155,7 +155,8 @@ def test_health_reports_the_passes_prompt_lookup_verified(launch, expected):
                if line.startswith("pipeserve_spec_") and line.split()[0].endswith("_total")}
     spec = health["speculation"]
     assert answer.get("usage", {}).get("completion_tokens", 0) > 0, answer
-    assert spec["max_drafts"] == 4 and spec["passes"] > 0 and spec["drafted"] >= spec["passes"], spec
+    assert spec["max_drafts"] == 4 and not spec["refused"], spec
+    assert spec["passes"] > 0 and spec["drafted"] >= spec["passes"], spec
     assert (spec["passes"], spec["drafted"], spec["accepted"]) == (
         metrics["pipeserve_spec_passes_total"], metrics["pipeserve_spec_drafted_tokens_total"],
         metrics["pipeserve_spec_accepted_tokens_total"])

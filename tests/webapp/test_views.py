@@ -236,6 +236,7 @@ def test_the_last_stage_card_shows_how_speculation_verifies():
 
     assert speculation_text(None) is None
     assert speculation_text(Speculation(max_drafts=4)) == "on (up to 4 drafts per pass), no pass verified yet"
+    assert "cannot roll back exactly: it never drafts" in speculation_text(Speculation(max_drafts=4, refused=True))
     s = cluster()
     spec = Speculation(max_drafts=4, passes=200, drafted=500, accepted=260)
     last = s.stage_status[1].model_copy(update={"speculation": spec})

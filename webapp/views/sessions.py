@@ -54,6 +54,8 @@ def speculation_text(s: Speculation | None) -> str | None:
     """The last stage's card: how its verification passes went (accepted drafts, tokens per pass)."""
     if s is None:
         return None
+    if s.refused:
+        return "on, but this model's caches cannot roll back exactly: it never drafts (docs/speculation.md)"
     if not s.passes:
         return f"on (up to {s.max_drafts} drafts per pass), no pass verified yet"
     return (f"{s.accepted / max(1, s.drafted):.0%} of {s.drafted:,} drafts accepted · "

@@ -67,6 +67,7 @@ class SpeculationReport(BaseModel):
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    refused: bool = False  # a stage said its caches cannot roll back exactly: the coordinator never drafts
 
 
 class StageReport(BaseModel):
