@@ -50,10 +50,22 @@ def demo_model_dir() -> Path:
 def spawn_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
     """`spawn_agent("a", *extra_args, advertise=False, env={}, wait=True)` → a started, paired AgentProc."""
     agents: list[AgentProc] = []
+    # Ports handed to this test's agents: nothing binds a transport range until a launch, so two
+    # draws could overlap (two agents' stages on one ip:port failed a launch in make test).
+    taken: set[int] = set()
+
+    def unused(draw: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        for _ in range(100):
+            first, last = draw()
+            if taken.isdisjoint(range(first, last + 1)):
+                taken.update(range(first, last + 1))
+                return first, last
+        raise RuntimeError(f"no free ports apart from this test's agents' {sorted(taken)}")
 
     def spawn(name: str = "a", *args: str, advertise: bool = False, env: dict[str, str] | None = None,
               wait: bool = True, ports: int = 4) -> AgentProc:
-        a = AgentProc(name, tmp_path / name, free_port(), free_port_block(ports),
+        port = unused(lambda: (free_port(),) * 2)[0]
+        a = AgentProc(name, tmp_path / name, port, unused(lambda: free_port_block(ports)),
                       [*args, *([] if advertise else ["--no-advertise"])], env or {})
         a.models_dir.mkdir(parents=True, exist_ok=True)
         agents.append(a)
