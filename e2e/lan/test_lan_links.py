@@ -91,6 +91,8 @@ def check(lan: Lan, procs: list[ChildProcess]) -> None:
     for n, proc in zip(lan.nodes, procs):
         token = proc.wait_ready(lambda p=proc: p.printed(r"pairing token: (\S+)"), "its pairing token", 60, 0.1)
         url = f"http://{n.ip}:{AGENT_PORT}"
+        # the token is printed before the agent's server binds: pairing at once was refused under load
+        proc.wait_ready(lambda u=url: AgentClient(u).identity(), "an answer to /v1/identity", 60, 0.1)
         credential = AgentClient(url).pair(token, "links test").credential
         agents[n.name] = AgentClient(url, credential)
         nodes.append(Node(id=n.name, name=n.name, url=url, credential=credential, report=agents[n.name].report()))
