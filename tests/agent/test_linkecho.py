@@ -11,13 +11,13 @@ import pytest
 
 from orchestrator.agent.linkecho import EchoUnavailable, open_echo, time_path
 from orchestrator.agent.perf_schemas import LinkSample
+from orchestrator.proc import free_port_block
 from tests.support.delay_relay import delay_relay
 
 
 def free_range(n: int = 3) -> tuple[int, int]:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        port = s.getsockname()[1]
-    return port, port + n - 1
+    # n consecutive ports free now (a kernel-chosen port's neighbours may be another suite's: Errno 98)
+    return free_port_block(n)
 
 
 def test_a_relay_with_added_delay_shows_in_the_path_round_trip_but_not_in_the_kernels():
