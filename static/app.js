@@ -142,27 +142,12 @@ function chooseHubModel(form, repo) {
   }
   select.value = id;
 }
-document.addEventListener("change", (e) => {
-  const form = e.target.closest?.("#cluster-selection");
-  if (!form) return;
-  const changed = form.querySelector("input[name=changed]");
-  if (changed && e.target.name) changed.value = e.target.name;  // read by the request htmx is about to send
-  if (e.target.id === "hub_repo") chooseHubModel(form, e.target.value);
-  const launch = document.getElementById("launch-button");
-  if (launch) { launch.disabled = true; launch.title = "checking the new selection…"; }
-  markStale();
-}, true);
-document.addEventListener("input", (e) => { if (e.target.closest?.("#cluster-selection")) markStale(); });
-
 // What the user changes in the form beats every answer to a request sent before the change: a live
 // refresh of the choices (cluster_options.html) that left with the old input would put it back (a
 // node report's push crossed an unchecked node on a loaded machine: e2e test_rough_edges test_3, and
 // the next refresh then sent the restored input). Such an answer is dropped and asked again.
 let formEdits = 0;
 const editsWhenSent = new WeakMap();
-for (const kind of ["input", "change"]) {
-  document.addEventListener(kind, (e) => { if (e.target.closest?.("#cluster-selection")) formEdits++; }, true);
-}
 document.body.addEventListener("htmx:beforeRequest", (e) => {
   if (e.detail.elt?.id === "cluster-options") editsWhenSent.set(e.detail.xhr, formEdits);
 });
@@ -172,6 +157,22 @@ document.body.addEventListener("htmx:beforeSwap", (e) => {
   e.detail.shouldSwap = false;
   if (e.detail.elt?.isConnected) htmx.trigger(e.detail.elt, "refresh");
 });
+document.addEventListener("change", (e) => {
+  const form = e.target.closest?.("#cluster-selection");
+  if (!form) return;
+  formEdits++;
+  const changed = form.querySelector("input[name=changed]");
+  if (changed && e.target.name) changed.value = e.target.name;  // read by the request htmx is about to send
+  if (e.target.id === "hub_repo") chooseHubModel(form, e.target.value);
+  const launch = document.getElementById("launch-button");
+  if (launch) { launch.disabled = true; launch.title = "checking the new selection…"; }
+  markStale();
+}, true);
+document.addEventListener("input", (e) => {
+  if (!e.target.closest?.("#cluster-selection")) return;
+  formEdits++;
+  markStale();
+}, true);
 document.body.addEventListener("htmx:afterSwap", markStale);
 document.body.addEventListener("htmx:afterSettle", markStale);
 document.body.addEventListener("htmx:oobAfterSwap", markStale);

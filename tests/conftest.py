@@ -54,9 +54,9 @@ def spawn_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
     # draws could overlap (two agents' stages on one ip:port failed a launch in make test).
     taken: set[int] = set()
 
-    def unused(draw: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+    def unused(n: int) -> tuple[int, int]:
         for _ in range(100):
-            first, last = draw()
+            first, last = free_port_block(n)
             if taken.isdisjoint(range(first, last + 1)):
                 taken.update(range(first, last + 1))
                 return first, last
@@ -64,8 +64,7 @@ def spawn_agent(tmp_path: Path) -> Iterator[Callable[..., AgentProc]]:
 
     def spawn(name: str = "a", *args: str, advertise: bool = False, env: dict[str, str] | None = None,
               wait: bool = True, ports: int = 4) -> AgentProc:
-        port = unused(lambda: (free_port(),) * 2)[0]
-        a = AgentProc(name, tmp_path / name, port, unused(lambda: free_port_block(ports)),
+        a = AgentProc(name, tmp_path / name, unused(1)[0], unused(ports),
                       [*args, *([] if advertise else ["--no-advertise"])], env or {})
         a.models_dir.mkdir(parents=True, exist_ok=True)
         agents.append(a)

@@ -47,8 +47,7 @@ def cache_of(report: StageReport | None) -> StageCache | None:
 def speculation_of(report: HealthReport | None) -> Speculation | None:
     """The coordinator's speculative-decoding counts (None when it does not speculate)."""
     s = report.speculation if report is not None else None
-    return None if s is None else Speculation(max_drafts=s.max_drafts, passes=s.passes, drafted=s.drafted,
-                                              accepted=s.accepted, refused=s.refused)
+    return None if s is None else Speculation(**s.model_dump())
 
 
 def progress_of(report: StageReport | None) -> StageProgress | None:

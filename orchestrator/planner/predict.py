@@ -123,8 +123,9 @@ def verify_step_ms(stage: StageSpec, positions: int) -> float:
 
 def pass_ms(stage_ms: Sequence[float], links: Sequence[LinkCost], hidden_bytes: int, positions: int,
             coordinator: float) -> float:
-    """One verification pass of `positions` positions: every stage's step of that many rows
-    (`stage_ms`), the hidden states across each boundary, a RESULT per position back, the coordinator."""
+    """One request's pass of `positions` positions through every stage (1: a decode step; more: a
+    verification chunk): the stages' steps (`stage_ms`), the hidden states across each boundary, a
+    RESULT per position back, the coordinator."""
     hops = sum(links[k].transfer_ms(positions * hidden_bytes + HEADER_BYTES) for k in range(len(stage_ms) - 1))
     return sum(stage_ms) + hops + links[-1].transfer_ms(positions * RESULT_BYTES) + coordinator
 
@@ -149,9 +150,8 @@ def coordinator_ms(stages: Sequence[StageSpec], rows: int) -> float:
 def decode_ms_1(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int) -> tuple[float, float]:
     """(ms per token, of which compute) for one request. links[k] joins stage k to k+1; the
     last one joins the last stage to the coordinator (on stage 0's node)."""
-    compute = sum(stage_step_ms(s, 1, solo=True) for s in stages)
-    hops = sum(links[k].transfer_ms(hidden_bytes + HEADER_BYTES) for k in range(len(stages) - 1))
-    return compute + hops + links[-1].transfer_ms(RESULT_BYTES) + coordinator_ms(stages, 1), compute
+    steps = [stage_step_ms(s, 1, solo=True) for s in stages]
+    return pass_ms(steps, links, hidden_bytes, 1, coordinator_ms(stages, 1)), sum(steps)
 
 
 def group_times(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,

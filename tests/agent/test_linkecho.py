@@ -15,13 +15,8 @@ from orchestrator.proc import free_port_block
 from tests.support.delay_relay import delay_relay
 
 
-def free_range(n: int = 3) -> tuple[int, int]:
-    # n consecutive ports free now (a kernel-chosen port's neighbours may be another suite's: Errno 98)
-    return free_port_block(n)
-
-
 def test_a_relay_with_added_delay_shows_in_the_path_round_trip_but_not_in_the_kernels():
-    ports = free_range()
+    ports = free_port_block(3)
     port, nonce = open_echo("127.0.0.1", ports, 1 << 20)
     assert port == ports[1]  # the highest: the plans give stages the lowest free ports
     with delay_relay(("127.0.0.1", port), delay_ms=2.0) as relay:
@@ -35,7 +30,7 @@ def test_a_relay_with_added_delay_shows_in_the_path_round_trip_but_not_in_the_ke
 
 
 def test_without_a_relay_the_path_round_trip_is_loopbacks():
-    port, nonce = open_echo("127.0.0.1", free_range(), 1 << 20)
+    port, nonce = open_echo("127.0.0.1", free_port_block(3), 1 << 20)
     rtt, _, _, _, local = time_path(("127.0.0.1", port), nonce, 6, 1 << 20)
     # the direct path: from loopback, and a round trip in milliseconds. No upper bound on how long it
     # took: load lengthens it (the relay's added delay is asserted as a lower bound, which no load breaks)
@@ -43,7 +38,7 @@ def test_without_a_relay_the_path_round_trip_is_loopbacks():
 
 
 def test_the_echo_serves_one_connection_with_its_nonce_only():
-    port, nonce = open_echo("127.0.0.1", free_range(), 1 << 20)
+    port, nonce = open_echo("127.0.0.1", free_port_block(3), 1 << 20)
     with pytest.raises(OSError):  # a wrong nonce: the echo hangs up, no answer to the frame
         time_path(("127.0.0.1", port), "00" * 32, 2, 1 << 16)
     with pytest.raises(OSError):  # and the port is closed after that one connection
@@ -52,7 +47,7 @@ def test_the_echo_serves_one_connection_with_its_nonce_only():
 
 def test_no_more_echoes_are_open_at_once_than_there_are_slots():
     slots = threading.BoundedSemaphore(1)
-    ports = free_range()
+    ports = free_port_block(3)
     port, nonce = open_echo("127.0.0.1", ports, 1 << 20, slots)
     with pytest.raises(EchoUnavailable, match="in use"):
         open_echo("127.0.0.1", ports, 1 << 20, slots)
@@ -70,8 +65,8 @@ def test_no_more_echoes_are_open_at_once_than_there_are_slots():
 
 def test_an_address_that_is_not_the_nodes_or_a_full_range_is_refused():
     with pytest.raises(EchoUnavailable, match="not an address of this node"):
-        open_echo("192.0.2.7", free_range(), 1 << 20)
-    lo, hi = free_range(2)
+        open_echo("192.0.2.7", free_port_block(3), 1 << 20)
+    lo, hi = free_port_block(2)
     held = [socket.create_server(("127.0.0.1", p)) for p in (lo, hi)]
     try:
         with pytest.raises(EchoUnavailable, match="no free port"):
