@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack, closing
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from flask import Blueprint, Response, abort, jsonify, request, stream_with_context
 
+from orchestrator.httpkit.upstream import ClientWatch, connect
 from webapp.auth import check_csrf, login_required
 from webapp.services import current_services
 
 bp = Blueprint("chat", __name__)
 MAX_MESSAGE = 32_000
 MAX_TOKENS = 32_768
+CONNECT_TIMEOUT = 5.0  # the router is on this host or the LAN: not accepting in 5 s is down
+READ_TIMEOUT = 300.0  # between two bytes of the answer (a long prefill sends none)
+PIECE = 64 * 1024
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, whole: bool) -> Any:
@@ -69,23 +79,52 @@ def send():
         abort(400, description="write a message (at most 32,000 characters of conversation)")
     max_tokens = _number(body, "max_tokens", 256, 1, MAX_TOKENS, whole=True)
     temperature = _number(body, "temperature", 0.0, 0.0, 2.0, whole=False)
+    payload = json.dumps({"model": model, "messages": messages, "stream": True,
+                          "max_tokens": max_tokens, "temperature": temperature}).encode()
+    return _relay(current_services().router_url, payload, request.environ.get("gunicorn.socket"))
+
+
+def _relay(router_url: str, payload: bytes, browser: socket.socket | None) -> Response:
+    """POST the turn to the router and stream its answer back while watching the browser.
+
+    Stop in the page closes the browser's connection; the watch (`browser`: its socket under
+    gunicorn, None under a test client) then shuts the router's connection down at once, even
+    before the first token, so the coordinator cancels the reply instead of prefilling for nobody.
+    """
     try:
-        upstream = requests.post(current_services().router_url + "/v1/chat/completions", stream=True, timeout=300,
-                                 json={"model": model, "messages": messages, "stream": True,
-                                       "max_tokens": max_tokens, "temperature": temperature})
-    except requests.RequestException as exc:
+        conn = connect(router_url, CONNECT_TIMEOUT)
+    except OSError as exc:
         abort(502, description=f"the router did not answer: {type(exc).__name__}")
-    if upstream.status_code != 200:
+    held = ExitStack()  # the connection and its watch, closed when the answer ends or fails
+    held.enter_context(closing(conn))
+    if browser is not None:
+        held.enter_context(ClientWatch(browser, conn.sock))
+    try:
+        conn.sock.settimeout(READ_TIMEOUT)
+        conn.request("POST", urlsplit(router_url).path.rstrip("/") + "/v1/chat/completions", body=payload,
+                     headers={"Content-Type": "application/json"})
+        upstream = conn.getresponse()
+        error = upstream.read() if upstream.status != 200 else None
+    except (OSError, http.client.HTTPException) as exc:
+        held.close()
+        abort(502, description=f"the router did not answer: {type(exc).__name__}")
+    if error is not None:
+        held.close()
         try:
-            message = upstream.json()["error"]["message"]
+            message = json.loads(error)["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = upstream.text[:300]
-        abort(upstream.status_code, description=message)
+            message = error[:300].decode(errors="replace")
+        abort(upstream.status, description=message)
 
-    def relay():
-        with upstream:
-            for chunk in upstream.iter_content(chunk_size=None):
-                yield chunk
+    def relay() -> Iterator[bytes]:
+        with held:
+            try:
+                while piece := upstream.read1(PIECE):
+                    yield piece
+            except (OSError, http.client.HTTPException):
+                return  # the router broke off (or the watch shut it down): the page sees the stream end
 
-    return Response(stream_with_context(relay()), mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    answer = Response(stream_with_context(relay()), mimetype="text/event-stream",
+                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    answer.call_on_close(held.close)  # also when the server closes the answer before reading it
+    return answer

@@ -2,8 +2,9 @@
 
 A threaded standard-library server with bounded connections, header/idle/body timeouts
 and a sized backlog (`server`), a route table with bounded body reading and JSON parsing
-(`handler`), one error type mapped to responses in one place (`errors`), and server-sent
-events (`sse`). No web framework: the engine and the agent must not depend on one.
+(`handler`), one error type mapped to responses in one place (`errors`), server-sent
+events (`sse`), and asking an upstream on a client's behalf while watching that client
+(`upstream`). No web framework: the engine and the agent must not depend on one.
 """
 
 from orchestrator.httpkit.errors import AnthropicError, OpenAIError, as_anthropic, overloaded

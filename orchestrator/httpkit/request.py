@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import select
-import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
@@ -19,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.httpkit.errors import OpenAIError
 from orchestrator.httpkit.sse import EventStream
+from orchestrator.httpkit.upstream import peer_closed
 
 if TYPE_CHECKING:
     from orchestrator.httpkit.handler import Handler
@@ -137,16 +136,7 @@ class Request:
 
     def client_gone(self) -> bool:
         """True once the client closed its side (checked without blocking or consuming input)."""
-        sock = self.handler.connection
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-            if not readable:
-                return False
-            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except (OSError, ValueError):
-            return True
+        return peer_closed(self.handler.connection)
 
     def events(self) -> EventStream:
         """A server-sent event stream answering this request (headers go out with the first event)."""

@@ -11,18 +11,22 @@ backend for the model is tried; when none is left the router answers 503 with Re
 Once the request has been sent it is never re-sent (a generation is not idempotent): a
 backend that closes the connection before answering is 503 with Retry-After too (nothing
 reached the client; the client decides), and one that breaks off mid-answer ends the
-client's stream with an error event.
+client's stream with an error event. A client that leaves first has its backend connection
+shut down at once, even while the backend is still silent (a prefill): the coordinator sees
+its client go and cancels the generation.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+from contextlib import closing
 from http.server import BaseHTTPRequestHandler
 from typing import NoReturn
 from urllib.parse import urlsplit
 
 from orchestrator.httpkit import OpenAIError, as_anthropic
+from orchestrator.httpkit.upstream import ClientWatch, connect
 from orchestrator.router.service import RouterService
 from orchestrator.router.table import Route
 
@@ -37,8 +41,8 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 _OWN_RESPONSE = {"server", "date"}  # BaseHTTPRequestHandler.send_response writes its own
 
 
-class BackendUnreachable(Exception):
-    """The TCP connection to the backend could not be opened: safe to try another backend."""
+class ClientGone(Exception):
+    """The client closed its connection before the answer was complete (its backend's name)."""
 
 
 class BackendFailed(Exception):
@@ -61,24 +65,15 @@ def upstream_headers(client: http.client.HTTPMessage, route: Route, client_ip: s
     return out
 
 
-def open_upstream(route: Route, method: str, path: str, headers: dict[str, str],
-                  body: bytes) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    """Connect, send the request and read the response head."""
-    parts = urlsplit(route.url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.hostname, parts.port, timeout=CONNECT_TIMEOUT)
-    try:
-        conn.connect()
-    except OSError as exc:
-        conn.close()
-        raise BackendUnreachable(f"{type(exc).__name__}: {exc}") from None
+def ask(conn: http.client.HTTPConnection, route: Route, method: str, path: str, headers: dict[str, str],
+        body: bytes) -> http.client.HTTPResponse:
+    """Send the request on an open connection and read the response head."""
     try:
         assert conn.sock is not None
         conn.sock.settimeout(READ_TIMEOUT)
-        conn.request(method, parts.path + path, body=body, headers=headers)
-        return conn, conn.getresponse()
+        conn.request(method, urlsplit(route.url).path + path, body=body, headers=headers)
+        return conn.getresponse()
     except (OSError, http.client.HTTPException) as exc:
-        conn.close()
         raise BackendFailed(f"{type(exc).__name__}: {exc}") from None
 
 
@@ -168,7 +163,8 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
     `key`: the request's affinity key (prefix-aware routing), or None.
 
     Returns (backend name, status). Raises OpenAIError for 404 / 503 answered by the router
-    itself (before anything was written), and BackendFailed after a partial answer.
+    itself (before anything was written), BackendFailed after a partial answer, and ClientGone
+    when the client left first (the backend's connection is shut down at once: it cancels).
     """
     tried: set[str] = set()
     failures: list[str] = []
@@ -183,23 +179,35 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
                               "service_unavailable", code="backend_unavailable")
         headers = upstream_headers(handler.headers, route, handler.client_address[0], len(body))
         try:
-            conn, resp = open_upstream(route, handler.command, path, headers, body)
-        except BackendUnreachable as exc:
+            conn = connect(route.url, CONNECT_TIMEOUT)
+        except OSError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             tried.add(route.name)
-            failures.append(f"{route.name}: {exc}")
-            service.report_connect_failure(route, str(exc))
+            failures.append(f"{route.name}: {reason}")
+            service.report_connect_failure(route, reason)
             continue
-        except BackendFailed as exc:
-            # Nothing reached the client yet: the backend closed or reset the connection before
-            # answering (a coordinator killed or restarting). 503 with Retry-After, not 502.
-            service.log.warning("proxy.backend_failed", backend=route.name, reason=exc)
-            service.report_connect_failure(route, str(exc))
-            raise OpenAIError(503, f"Backend '{route.name}' closed the connection before answering ({exc}); "
-                                   "retry shortly", "service_unavailable", code="backend_unavailable") from None
-        if resp.status == 503:  # relayed unchanged (Retry-After included), and no more traffic until ready
-            service.report_unavailable(route, resp.status)
-        try:
-            relay(handler, resp)
-        finally:
-            conn.close()
+        # From here on the client may leave at any time: a prefill or a stall writes nothing
+        # the client's absence would show on, so a watch tells the backend at once.
+        with closing(conn), ClientWatch(handler.connection, conn.sock) as watch:
+            try:
+                resp = ask(conn, route, handler.command, path, headers, body)
+            except BackendFailed as exc:
+                if watch.gone:
+                    raise ClientGone(route.name) from None
+                # Nothing reached the client yet: the backend closed or reset the connection before
+                # answering (a coordinator killed or restarting). 503 with Retry-After, not 502.
+                service.log.warning("proxy.backend_failed", backend=route.name, reason=exc)
+                service.report_connect_failure(route, str(exc))
+                raise OpenAIError(503, f"Backend '{route.name}' closed the connection before answering ({exc}); "
+                                       "retry shortly", "service_unavailable", code="backend_unavailable") from None
+            if resp.status == 503:  # relayed unchanged (Retry-After included), and no more traffic until ready
+                service.report_unavailable(route, resp.status)
+            try:
+                relay(handler, resp)
+            except (BackendFailed, OSError):
+                if watch.gone:
+                    raise ClientGone(route.name) from None
+                raise
+            if watch.gone:  # the watch cut the body short: it read as an end
+                raise ClientGone(route.name)
         return route.name, resp.status

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.httpkit import App, Limits, OpenAIError, Raw, Request, Server, parse_json, route
 from orchestrator.router.affinity import affinity_key
-from orchestrator.router.proxy import BackendFailed, client_error, forward
+from orchestrator.router.proxy import BackendFailed, ClientGone, client_error, forward
 from orchestrator.router.service import RouterService
 
 MAX_BODY = 32 * 1024 * 1024
@@ -60,6 +60,12 @@ def build_app(service: RouterService) -> App:
             # Part of the answer was written already; the connection is closed after it.
             service.log.warning("proxy.broken_off", model=name, reason=exc)
             request.context["status"] = 502
+            return None
+        except ClientGone as exc:
+            # Nothing more can be written; 499 is the common log word for "the client closed first".
+            service.log.info("proxy.client_gone", model=name, backend=str(exc))
+            request.handler.close_connection = True
+            request.context.update(backend=str(exc), status=499)
             return None
         request.context.update(backend=backend, status=status)
         return None

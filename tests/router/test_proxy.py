@@ -24,6 +24,7 @@ from tests.support.stub_http import StubHandler, StubServer
 
 EVENTS = [b'data: {"n": 1, "text": "caf\xc3\xa9"}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
 GAP = 0.4  # seconds between two events of the scripted stream
+HOLD_S = 60  # how long a silent backend waits for its client to go (longer than any test waits)
 
 
 class _Scripted(StubHandler):
@@ -36,6 +37,22 @@ class _Scripted(StubHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.received.append((self.path, {k.lower(): v for k, v in self.headers.items()}, body))
         mode = body.get("mode")
+        if mode in ("silent", "stall"):  # a long prefill / a stalled stream: nothing, until the client goes
+            if mode == "stall":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(EVENTS[0]), EVENTS[0]))
+                self.wfile.flush()
+            self.connection.settimeout(HOLD_S)
+            try:
+                if self.connection.recv(1) == b"":
+                    self.server.client_left.append(mode)
+            except OSError:
+                self.server.client_left.append(mode)
+            self.close_connection = True
+            return
         if mode == "limited":
             data = b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": "x"}}'
             self.reply(429, data, headers={"Retry-After": "7", "X-Backend": "scripted"}, reason="Too Many")
@@ -59,7 +76,7 @@ class _Scripted(StubHandler):
 @pytest.fixture
 def scripted() -> Iterator[StubServer]:
     server = StubServer(_Scripted)
-    server.received, server.sent_at = [], []
+    server.received, server.sent_at, server.client_left = [], [], []
     with server:
         yield server
 
@@ -140,3 +157,29 @@ def test_the_routers_own_errors_on_the_messages_api_are_in_anthropics_shape(rout
     assert r.status_code == 400 and r.json()["error"] == {"type": "invalid_request_error",
                                                           "message": 'model: the request needs a "model" (see GET '
                                                                      '/v1/models)'}
+
+
+def _leave_early(router_url: str, scripted: StubServer, mode: str) -> None:
+    """Send a streaming request through the router and close the connection once the backend has
+    it (and, for a stalled stream, once its first event arrived)."""
+    body = json.dumps({"model": "scripted", "stream": True, "mode": mode}).encode()
+    host, port = router_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: len(scripted.received) == 1, 10, message="the backend to receive the request")
+        got = b""
+        while mode == "stall" and EVENTS[0] not in got:
+            got += sock.recv(4096)
+
+
+@pytest.mark.parametrize("mode", ["silent", "stall"])
+def test_a_client_that_leaves_while_the_backend_is_silent_closes_the_backends_connection_at_once(
+        router, scripted, mode):
+    """Stop during a prefill (no byte yet) or a stalled stream reaches the backend without waiting for
+    its next byte: the coordinator sees its client go and cancels. Without the router's watch the
+    backend would hold its connection for HOLD_S."""
+    _leave_early(router.url, scripted, mode)
+    wait_until(lambda: scripted.client_left == [mode], 20, message="the backend to see its client go")
+    assert router.backend("s")["state"] == "healthy"  # a client leaving is not the backend failing
+    wait_until(lambda: "proxy.client_gone" in router.output(), 10, message="the router to log the client leaving")
