@@ -29,9 +29,9 @@ class Stream:
     finish: str | None
 
 
-def get_json(port: int, path: str) -> dict:
+def get_json(port: int, path: str, host: str = "127.0.0.1") -> dict:
     """GET a JSON document from the coordinator (e.g. /health)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         conn.request("GET", path)
         return json.loads(conn.getresponse().read())

@@ -80,6 +80,8 @@ class ReferenceWorker:
 class PipelineSystem:
     """A LocalPipeline (stages + coordinator) driven through its HTTP API."""
 
+    host = "127.0.0.1"
+
     def __init__(self, model_dir: Path, workdir: Path, splits: list[tuple[int, int]], threads: int,
                  solo_threads: int | None, env: dict[str, str], model_name: str,
                  cluster: dict[str, object] | None = None) -> None:

@@ -1,7 +1,11 @@
-"""End to end on a 2-stage loopback pipeline: tok/s with speculation ÷ without ÷ single-process mlx-lm.
+"""End to end on a split pipeline: tok/s with speculation ÷ without ÷ single-process mlx-lm.
 
 Usage: PYTHONPATH=. .venv/bin/python -m e2e.bench.speculation [--model smollm2] [--tokens 96] [--rounds 2]
-       [--draft 4] [--blas openblas]
+       [--draft 4] [--blas openblas] [--stages 2] [--profile 1gbe]
+
+The stages split the layers evenly. Without --profile every process is on loopback; with it (root
+only) stage k runs in node k's namespace of an emulated LAN (e2e/lan/netns.py) with the coordinator
+beside stage 0, so every boundary and the return path cross the profile's link.
 
 Three systems of the same model run at once: two pipelines as the demo runs them (1 BLAS thread per
 stage, every core for a SOLO step; `speculative_tokens = --draft` and `= 0`) and single-process mlx-lm
@@ -28,10 +32,14 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import NamedTuple
 
+from e2e.bench.lan_pipeline import LanPipelineSystem
 from e2e.bench.procs import PipelineSystem, ReferenceWorker, prepare_model
+from e2e.lan.netns import Lan, joined
+from e2e.lan.profiles import PROFILES
 
 CODE = '''def total_price(items, tax):
     subtotal = 0
@@ -45,6 +53,7 @@ CODE = '''def total_price(items, tax):
 '''
 TOOL_ARGS = json.dumps({"city": "Lisbon", "check_in": "2026-03-14", "check_out": "2026-03-18", "guests": 2,
                         "rooms": 1, "max_price_eur": 180, "amenities": ["wifi", "breakfast", "parking"]})
+CORES = os.cpu_count() or 1
 WORKLOADS = {
     "free chat": "Tell me a story about a lighthouse keeper who finds a message in a bottle.",
     "code edit": f"Rewrite this code with one change: rename the variable `subtotal` to `net`. "
@@ -67,11 +76,11 @@ class Row(NamedTuple):
     drafts_per_pass: float
 
 
-def chat(port: int, prompt: str, max_tokens: int) -> tuple[str, int, float]:
+def chat(host: str, port: int, prompt: str, max_tokens: int) -> tuple[str, int, float]:
     """One non-streamed greedy chat completion: (text, completion tokens, seconds)."""
     body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": prompt}],
                        "max_tokens": max_tokens, "temperature": 0}).encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    conn = http.client.HTTPConnection(host, port, timeout=900)
     t0 = time.perf_counter()
     try:
         conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
@@ -85,13 +94,13 @@ def chat(port: int, prompt: str, max_tokens: int) -> tuple[str, int, float]:
     return data["choices"][0]["message"]["content"], int(data["usage"]["completion_tokens"]), seconds
 
 
-def rate(port: int, prompt: str, max_tokens: int, concurrent: int) -> tuple[float, list[str]]:
+def rate(host: str, port: int, prompt: str, max_tokens: int, concurrent: int) -> tuple[float, list[str]]:
     """Aggregate tok/s of `concurrent` identical requests sent at once, and their texts."""
     out: list[tuple[str, int, float] | BaseException] = [RuntimeError("not run")] * concurrent
 
     def one(i: int) -> None:
         try:
-            out[i] = chat(port, prompt, max_tokens)
+            out[i] = chat(host, port, prompt, max_tokens)
         except BaseException as exc:  # noqa: BLE001 — reported by the caller below
             out[i] = exc
 
@@ -108,9 +117,9 @@ def rate(port: int, prompt: str, max_tokens: int, concurrent: int) -> tuple[floa
     return sum(r[1] for r in out) / wall, [r[0] for r in out]  # type: ignore[index]
 
 
-def metrics(port: int) -> dict[str, float]:
+def metrics(host: str, port: int) -> dict[str, float]:
     """The coordinator's pipeserve_spec_* figures."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
         conn.request("GET", "/metrics")
         text = conn.getresponse().read().decode()
@@ -137,10 +146,25 @@ def measure(systems: dict, prompt: str, tokens: int, concurrent: int, rounds: in
             if isinstance(system, ReferenceWorker):
                 value, answer = single_rate(system, prompt, tokens, concurrent)
             else:
-                value, answer = rate(system.port, prompt, tokens, concurrent)
+                value, answer = rate(system.host, system.port, prompt, tokens, concurrent)
             got[name].append(value)
             texts[name] = answer
     return got, texts
+
+
+def start_pipeline(lan: Lan | None, model: Path, workdir: Path, splits: list[tuple[int, int]],
+                   args: argparse.Namespace, cluster: dict[str, object],
+                   port_base: int) -> PipelineSystem | LanPipelineSystem:
+    """One pipeline as the demo runs it (OpenBLAS, 1 thread per stage, every core for a SOLO step), on
+    loopback or across `lan`; prompt cache off (every request pays its prefill)."""
+    env = {"PIPESERVE_BLAS": args.blas, "OPENBLAS_NUM_THREADS": "1"}
+    # A generous stall timeout: the three systems share the cores.
+    cluster = {**cluster, "stall_timeout_s": 300, "prompt_cache_bytes": 0}
+    if lan is None:
+        return PipelineSystem(model, workdir, splits, threads=1, solo_threads=CORES, env=env, model_name="bench",
+                              cluster=cluster)
+    return LanPipelineSystem(lan, model, workdir, splits, solo_threads=CORES, env=env, model_name="bench",
+                             cluster=cluster, port_base=port_base)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,31 +178,34 @@ def main(argv: list[str] | None = None) -> int:
                    help="openblas: what the demo runs; reference: mlx-cpu's own BLAS (for a CPU OpenBLAS fails on)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma list of: " + ", ".join(WORKLOADS))
     p.add_argument("--requests", default="1,4", help="comma list of concurrent request counts")
+    p.add_argument("--profile", default="", help="an emulated LAN link profile (e2e/lan/profiles.py: "
+                   + ", ".join(PROFILES) + "): every stage in its own namespace; needs root. Default: loopback, "
+                   "one namespace")
+    p.add_argument("--stages", type=int, default=2)
     args = p.parse_args(argv)
     model = prepare_model(args.model)
     n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-    splits = [(0, n // 2 - 1), (n // 2, n - 1)]
-    cores = os.cpu_count() or 1
+    splits = [(k * n // args.stages, (k + 1) * n // args.stages - 1) for k in range(args.stages)]
     started, load_before = time.time(), os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as around:
+        if args.profile:
+            lan = around.enter_context(Lan(PROFILES[args.profile], args.stages))
+            around.enter_context(joined(lan.control))  # this thread, its threads and children talk over the bridge
         systems: dict = {}
         try:
-            for name, k in (("spec", args.draft), ("plain", 0)):
-                # A generous stall timeout: the three systems share the cores.
-                systems[name] = PipelineSystem(model, Path(tmp) / name, splits, threads=1, solo_threads=cores,
-                                               env={"PIPESERVE_BLAS": args.blas, "OPENBLAS_NUM_THREADS": "1"},
-                                               model_name="bench",
-                                               cluster={"speculative_tokens": k, "stall_timeout_s": 300,
-                                                        "prompt_cache_bytes": 0})
+            for i, (name, k) in enumerate((("spec", args.draft), ("plain", 0))):
+                systems[name] = start_pipeline(lan if args.profile else None, model, Path(tmp) / name, splits, args,
+                                               {"speculative_tokens": k}, port_base=39600 + 50 * i)
             systems["single"] = ReferenceWorker(model, {"PIPESERVE_BLAS": args.blas,
-                                                        "OPENBLAS_NUM_THREADS": str(cores)},
+                                                        "OPENBLAS_NUM_THREADS": str(CORES)},
                                                 Path(tmp) / "single.log")
             rows = []
             for workload in args.workloads.split(","):
                 for concurrent in (int(n) for n in args.requests.split(",")):
-                    before = metrics(systems["spec"].port)
+                    spec = systems["spec"]
+                    before = metrics(spec.host, spec.port)
                     got, texts = measure(systems, WORKLOADS[workload], args.tokens, concurrent, args.rounds)
-                    after = metrics(systems["spec"].port)
+                    after = metrics(spec.host, spec.port)
                     keys = [f"pipeserve_spec_{k}_total" for k in ("passes", "drafted_tokens", "accepted_tokens")]
                     passes, drafted, accepted = (after[k] - before[k] for k in keys)
                     med = {name: statistics.median(v) for name, v in got.items()}
@@ -199,8 +226,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_tables(args: argparse.Namespace, rows: list[Row], started: float, load: tuple[float, float]) -> None:
     """The Markdown tables of docs/benchmark.md."""
+    where = f" --profile {args.profile}" if args.profile else ""
     print(f"Generated by `python -m e2e.bench.speculation --model {args.model} --tokens {args.tokens} "
-          f"--rounds {args.rounds} --draft {args.draft} --blas {args.blas}` on "
+          f"--rounds {args.rounds} --draft {args.draft} --blas {args.blas}{where} --stages {args.stages}` on "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
           f"in {(time.time() - started) / 60:.1f} min; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load[0]:.1f} before, "

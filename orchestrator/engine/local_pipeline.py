@@ -65,16 +65,17 @@ def compute_split(config: dict, stages: int) -> list[tuple[int, int]]:
 
 
 def write_config(path: Path, name: str, splits: list[tuple[int, int]], ports: list[int],
-                 host: str = "127.0.0.1", **cluster: object) -> Path:
+                 host: str | list[str] = "127.0.0.1", **cluster: object) -> Path:
     """Write a cluster TOML (docs/architecture.md, "Cluster configuration"): stages on `ports[1:]`, coordinator on
-    `ports[0]`."""
+    `ports[0]`; every node at `host`, or at `host[i]` beside `ports[i]` (each node at its own address)."""
+    hosts = [host] * len(ports) if isinstance(host, str) else host
     extra = "".join(f"{k} = {v!r}\n" if not isinstance(v, bool) else f"{k} = {str(v).lower()}\n"
                     for k, v in cluster.items())
     text = (f'[cluster]\nname = "{name}"\npipeline_parallel_size = {len(splits)}\ntensor_parallel_size = 1\n'
             f'transport_backend = "tcp"\n{extra}\n'
-            f'[[nodes]]\nid = "coordinator"\naddress = "{host}:{ports[0]}"\nrole = "hybrid"\n')
+            f'[[nodes]]\nid = "coordinator"\naddress = "{hosts[0]}:{ports[0]}"\nrole = "hybrid"\n')
     for k, (first, last) in enumerate(splits):
-        text += (f'\n[[nodes]]\nid = "stage-{k}"\naddress = "{host}:{ports[k + 1]}"\nrole = "pipeline_stage"\n'
+        text += (f'\n[[nodes]]\nid = "stage-{k}"\naddress = "{hosts[k + 1]}:{ports[k + 1]}"\nrole = "pipeline_stage"\n'
                  f'stage = {k}\nlayers = "{first}-{last}"\n')
     path.write_text(text)
     return path
