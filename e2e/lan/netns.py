@@ -168,6 +168,9 @@ class Lan:
             except subprocess.TimeoutExpired:
                 self._relay.kill()
                 self._relay.wait(5)
+            for pipe in (self._relay.stdout, self._relay.stderr):  # else a ResourceWarning, later, elsewhere
+                if pipe is not None:
+                    pipe.close()
             self._relay = None
         for ns in reversed(self._namespaces):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
