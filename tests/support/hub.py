@@ -202,13 +202,14 @@ class _Handler(StubHandler):
 
     def _write(self, body: bytes) -> None:
         rate = self.server.rate_bps
-        if not rate:
-            self.wfile.write(body)
-            return
-        step = max(1024, int(rate / 20))
-        for i in range(0, len(body), step):
-            self.wfile.write(body[i:i + step])
-            time.sleep(step / rate)
+        step = max(1024, int(rate / 20)) if rate else len(body) or 1
+        try:
+            for i in range(0, len(body), step):
+                self.wfile.write(body[i:i + step])
+                if rate:
+                    time.sleep(step / rate)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client stopped the download (a cancel): not the hub's error
 
     def do_GET(self) -> None:
         self._route(head=False)
