@@ -5,7 +5,9 @@ change, a summary quoting its source, tool-call arguments echoing the context. `
 every n-gram of length 1..`max_ngram`, the position that followed its latest occurrence; the draft is
 the tokens that followed the latest earlier occurrence of the sequence's last n tokens (longest n
 first). `DraftLength` adapts how many tokens a request drafts from what its last passes accepted, down
-to 0 (plain decoding) with a retry now and then. Both are pure: the scheduler (pipeline.py) owns them,
+to 0 (plain decoding) with a retry now and then, rarer after each one that accepted nothing (a failed
+pass yields one token at the cost of a verification chunk: free chat over a LAN lost 9–25 % to retries
+every 16 steps, docs/benchmark.md). Both are pure: the scheduler (pipeline.py) owns them,
 one of each per request.
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-RETRY_AFTER = 16  # plain steps a request decodes at draft length 0 before it tries one token again
+RETRY_AFTER = 16  # plain steps a request decodes at draft length 0 before it tries one token again...
+MAX_RETRY_AFTER = 256  # ...doubled after each retry that accepted nothing (text that never repeats itself)
 
 
 @dataclass
@@ -59,6 +62,8 @@ class DraftLength:
     maximum: int
     k: int = -1
     plain: int = 0  # steps decoded since k reached 0
+    wait: int = RETRY_AFTER  # plain steps before the next retry
+    retrying: bool = False  # the pass in flight is a retry after plain decoding
 
     def __post_init__(self) -> None:
         if self.maximum < 0:
@@ -70,15 +75,21 @@ class DraftLength:
         """The draft length of this step (counts a plain step while at 0)."""
         if self.k == 0 and self.maximum:
             self.plain += 1
-            if self.plain >= RETRY_AFTER:
-                self.k, self.plain = 1, 0
+            if self.plain >= self.wait:
+                self.k, self.plain, self.retrying = 1, 0, True
         return self.k
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A pass of `drafted` tokens accepted `accepted` of them: all -> one more next time; none ->
-        halve (to 0: plain decoding); some -> just past what was accepted."""
+        halve (to 0: plain decoding; a retry that failed doubles the wait before the next); some ->
+        just past what was accepted."""
         if drafted <= 0:
             return
+        if accepted == 0 and self.retrying:
+            self.wait = min(MAX_RETRY_AFTER, self.wait * 2)
+        elif accepted:
+            self.wait = RETRY_AFTER
+        self.retrying = False
         if accepted >= drafted:
             self.k = min(self.maximum, drafted + 1)
         elif accepted == 0:
@@ -87,4 +98,4 @@ class DraftLength:
             self.k = min(self.maximum, accepted + 1)
 
 
-__all__ = ["RETRY_AFTER", "DraftLength", "Lookup"]
+__all__ = ["MAX_RETRY_AFTER", "RETRY_AFTER", "DraftLength", "Lookup"]

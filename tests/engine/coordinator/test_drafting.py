@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.coordinator.drafting import RETRY_AFTER, DraftLength, Lookup
+from orchestrator.engine.coordinator.drafting import MAX_RETRY_AFTER, RETRY_AFTER, DraftLength, Lookup
 
 
 def test_the_tokens_that_followed_the_latest_earlier_occurrence():
@@ -53,6 +53,30 @@ def test_adaptive_length_grows_shrinks_and_retries():
     assert length.next() == 1  # tries one token again
     length.observe(1, 1)
     assert length.k == 2
+
+
+def _plain_steps_before_a_retry(length: DraftLength) -> int:
+    steps = 0
+    while length.next() == 0:
+        steps += 1
+    return steps
+
+
+def test_each_retry_that_accepts_nothing_doubles_the_wait_and_an_accepted_draft_resets_it():
+    length = DraftLength(4)
+    length.observe(4, 0), length.observe(2, 0), length.observe(1, 0)
+    assert length.k == 0
+    waits = []
+    for _ in range(6):
+        waits.append(_plain_steps_before_a_retry(length) + 1)  # the retry's own step ends the count
+        length.observe(1, 0)
+    assert waits == [RETRY_AFTER, 2 * RETRY_AFTER, 4 * RETRY_AFTER, 8 * RETRY_AFTER, MAX_RETRY_AFTER,
+                     MAX_RETRY_AFTER]
+    assert _plain_steps_before_a_retry(length) + 1 == MAX_RETRY_AFTER
+    length.observe(1, 1)  # text that repeats again: drafting resumes, and the wait is short once more
+    assert length.k == 2
+    length.observe(2, 0), length.observe(1, 0)
+    assert _plain_steps_before_a_retry(length) + 1 == RETRY_AFTER
 
 
 def test_off_stays_off():
