@@ -37,6 +37,7 @@ ROW_ATTENTION_LAYERS: dict[str, str] = {"afm7": "KVReuseTransformerBlock"}
 # Families served exactly whose decode steps run one request at a time (batch.py refuses
 # their batch, and says why in the stage's stats): the reason, for the README.
 UNBATCHED: dict[str, str] = {
+    "deepseek_v41": "its layer cache holds one offset and one sliding window for the whole batch",
     "llama4": "its model builds one chunked-attention mask for the whole batch from the first layer's cache",
     "gpt_bigcode": "its model computes the learned positions with numpy from one offset for the whole batch",
 }
@@ -59,10 +60,6 @@ TEXT_OF_MULTIMODAL = frozenset({"qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "l
 # lacks for it (or why no split of it can be proven): the agent's report, the planner and
 # the stage all show this reason. docs/families.md lists them.
 REFUSED: dict[str, str] = {
-    "deepseek_v41": "DeepSeek-V4.1 carries hc_mult parallel residual streams and their mixing state from layer "
-                    "to layer, and shares compressed KV and index keys across layers in its own layer cache "
-                    "(missing: those streams and that state as tensors of the NAMED stage frame, and its layer "
-                    "cache kept in step by the skipped layers' stand-ins)",
     "gemma3n": "Gemma 3n runs AltUp's several parallel hidden streams between layers, besides per-layer inputs "
                "and K/V shared across layers (missing: the AltUp streams across a boundary and its own KV-sharing "
                "boundaries; per-layer inputs cross as Gemma 4's do)",
@@ -83,7 +80,23 @@ REFUSED: dict[str, str] = {
 
 # Families whose decoder layers return a tuple, hidden state first (Gemma 4: hidden state,
 # the K/V its KV-shared layers reuse, their offset): the arity the stand-ins must return.
-TUPLE_LAYERS: dict[str, int] = {"gemma4_text": 3, "gemma4": 3, "hunyuan": 2, "rwkv7": 2, "kimi_k3": 2}
+TUPLE_LAYERS: dict[str, int] = {"gemma4_text": 3, "gemma4": 3, "hunyuan": 2, "rwkv7": 2, "kimi_k3": 2,
+                                "deepseek_v41": 2}
+
+# Families whose skipped layers must return one of their arguments as they got it, beside the
+# hidden state, because the model's code reads it after the loop (Kimi-K3's residual blocks, a
+# keyword; DeepSeek-V4.1's pre-mix of its residual streams, the second positional argument).
+PASSED_ON: dict[str, int | str] = {"kimi_k3": "blocks", "deepseek_v41": 1}
+
+# Families whose hidden state between layers is several residual streams, [B, L, streams, H]:
+# the config key giving the number of streams (DeepSeek-V4.1's hyper-connections).
+STREAMS: dict[str, str] = {"deepseek_v41": "hc_mult"}
+
+
+def hidden_shape(config: dict[str, Any], hidden: int) -> tuple[int, ...]:
+    """The hidden state's shape after [B, L]: (hidden,), or (streams, hidden) for a family in STREAMS."""
+    key = STREAMS.get(family_of(config) or "")
+    return (int(decoder_view(config).get(key) or 4), hidden) if key else (hidden,)
 
 # Families that feed every layer a per-layer input computed from the token ids by these
 # parts outside the layer list (when the config enables them): the first stage owns them, and

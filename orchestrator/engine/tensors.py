@@ -2,21 +2,39 @@
 
 Between stages a FORWARD frame carries the hidden state alone, or, for a family whose layers
 need more than the hidden state downstream (Gemma 4's per-layer inputs), a NAMED frame: the
-hidden state as "h" and each extra tensor under the name the stage model declares.
+hidden state as "h" and each extra tensor under the name the stage model declares: in the
+stage's dtype and shaped [1, L, ...] like the hidden state (a plain shape), or with a shape and
+dtype of its own (`Expected`: DeepSeek-V4.1's compressed K/V entries, top-k indices, candidate
+flags). A tensor with no elements is not sent; the receiver takes zeros of its expected shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, Union
 
 import mlx.core as mx
 import numpy as np
 
 from orchestrator.engine.wire import DType, Flag, Frame, FrameError, Kind, Tensor, named_payload, named_tensors
 
-_TO_WIRE = {mx.float32: DType.FLOAT32, mx.bfloat16: DType.BFLOAT16, mx.float16: DType.FLOAT16}
-_FROM_WIRE = {DType.FLOAT32: mx.float32, DType.BFLOAT16: mx.bfloat16, DType.FLOAT16: mx.float16}
-_NUMPY = {DType.INT32: np.int32, DType.FLOAT32: np.float32, DType.BFLOAT16: np.uint16, DType.FLOAT16: np.float16}
+_FLOATS = {mx.float32: DType.FLOAT32, mx.bfloat16: DType.BFLOAT16, mx.float16: DType.FLOAT16}
+_TO_WIRE = {**_FLOATS, mx.int32: DType.INT32, mx.bool_: DType.BOOL}
+_FROM_WIRE = {v: k for k, v in _TO_WIRE.items()}
+_NUMPY = {DType.INT32: np.int32, DType.FLOAT32: np.float32, DType.BFLOAT16: np.uint16, DType.FLOAT16: np.float16,
+          DType.BOOL: np.bool_}
+
+
+class Expected(NamedTuple):
+    """An extra tensor with its own shape (after the batch dimension of 1) and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+
+
+# What a stage declares of each extra tensor: a shape after [1, L] in its own dtype, or `Expected`.
+ExtraSpec = Union[tuple[int, ...], Expected]
 
 
 def tokens_frame(request_id: int, position: int, tokens: list[int], flags: Flag = Flag.NONE) -> Frame:
@@ -26,6 +44,8 @@ def tokens_frame(request_id: int, position: int, tokens: list[int], flags: Flag 
 
 
 def _wire(a: mx.array) -> tuple[DType, bytes]:
+    if a.dtype not in _TO_WIRE:
+        raise ValueError(f"no wire type for {a.dtype}")
     dtype = _TO_WIRE[a.dtype]
     raw = a.view(mx.uint16) if dtype is DType.BFLOAT16 else a  # numpy has no bfloat16
     return dtype, np.array(raw, copy=False).tobytes()
@@ -45,6 +65,8 @@ def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NON
     for name, a in extras.items():
         if name == "h":
             raise ValueError("the extra tensors of a frame cannot be named h")
+        if not a.size:
+            continue  # nothing to send: the receiver takes zeros of the shape it expects
         a_dtype, a_data = _wire(a)
         tensors[name] = Tensor(a_dtype, tuple(a.shape), a_data)
     return Frame(Kind.FORWARD, request_id, position, DType.NONE, (), flags | Flag.NAMED, named_payload(tensors))
@@ -55,34 +77,55 @@ def _array(t: Tensor) -> mx.array:
     return arr.view(mx.bfloat16) if t.dtype is DType.BFLOAT16 else arr
 
 
-def from_frame_with(frame: Frame, *, hidden: int, dtype: mx.Dtype,
-                    extras: Mapping[str, tuple[int, ...]]) -> tuple[mx.array, dict[str, mx.array]]:
+def from_frame_with(frame: Frame, *, hidden: int | tuple[int, ...], dtype: mx.Dtype,
+                    extras: Mapping[str, ExtraSpec] | Callable[[int], Mapping[str, ExtraSpec]]
+                    ) -> tuple[mx.array, dict[str, mx.array]]:
     """A non-first stage's input: the hidden state [1, L, H] and the extra tensors it declares.
 
     `extras` maps each name to the shape it must have after [1, L] (the same L as the hidden
-    state's), in `dtype`. A family without extras takes the one-tensor frame; with extras, a
-    NAMED frame carrying exactly "h" and those names. Raises ValueError (FrameError) otherwise.
+    state's), in `dtype`, or to an `Expected` shape and dtype; or it is a function of L giving
+    that mapping (shapes that depend on the step's length). A family without extras takes the
+    one-tensor frame; with extras, a NAMED frame carrying exactly "h" and those names (but the
+    empty ones). `hidden`: H, or the hidden state's whole shape after [1, L] (DeepSeek-V4.1's
+    residual streams, [hc, H]). Raises ValueError (FrameError) otherwise.
     """
-    if not extras:
+    if not extras:  # (a function of L always declares some)
         if frame.flags & Flag.NAMED:
             raise ValueError("this stage takes the hidden state alone, not a NAMED frame")
         return from_frame(frame, first=False, hidden=hidden, vocab=0, dtype=dtype), {}
     if not frame.flags & Flag.NAMED:
         raise ValueError(f"this stage takes a NAMED frame of h and {', '.join(extras)}")
     tensors = named_tensors(frame)
-    if set(tensors) != {"h", *extras}:
-        raise FrameError(f"expected tensors h, {', '.join(extras)}; got {', '.join(tensors)}")
+    if "h" not in tensors:
+        raise FrameError(f"expected the hidden state h; got {', '.join(tensors)}")
     h = tensors["h"]
-    h_frame = Frame(Kind.FORWARD, frame.request_id, frame.position, h.dtype, h.shape, Flag.NONE, h.data)
-    x = from_frame(h_frame, first=False, hidden=hidden, vocab=0, dtype=dtype)
+    x = _hidden(h, hidden, dtype)
+    wanted = {name: spec if isinstance(spec, Expected) else Expected((x.shape[1], *spec), dtype)
+              for name, spec in (extras(x.shape[1]) if callable(extras) else extras).items()}
+    sent = {name for name, spec in wanted.items() if math.prod(spec.shape)}
+    if set(tensors) != {"h", *sent}:
+        raise FrameError(f"expected tensors h, {', '.join(sent)}; got {', '.join(tensors)}")
     out = {}
-    for name, rest in extras.items():
+    for name, spec in wanted.items():
+        if name not in sent:
+            out[name] = mx.zeros((1, *spec.shape), spec.dtype)
+            continue
         t = tensors[name]
-        if t.dtype not in _FROM_WIRE or _FROM_WIRE[t.dtype] != dtype or t.shape != (1, x.shape[1], *rest):
-            raise FrameError(f"expected {name} [1, {x.shape[1]}, {', '.join(map(str, rest))}] in {dtype}, "
+        if _FROM_WIRE.get(t.dtype) != spec.dtype or t.shape != (1, *spec.shape):
+            raise FrameError(f"expected {name} [1, {', '.join(map(str, spec.shape))}] in {spec.dtype}, "
                              f"got {t.dtype.name} {t.shape}")
         out[name] = _array(t)
     return x, out
+
+
+def _hidden(h: Tensor, hidden: int | tuple[int, ...], dtype: mx.Dtype) -> mx.array:
+    """The hidden state of a NAMED frame, [1, L, *hidden] in `dtype`."""
+    rest = (hidden,) if isinstance(hidden, int) else tuple(hidden)
+    if h.dtype not in _FLOATS.values() or len(h.shape) != 2 + len(rest) or h.shape[0] != 1 or h.shape[2:] != rest:
+        raise ValueError(f"expected hidden states [1, L, {', '.join(map(str, rest))}], got {h.dtype.name} {h.shape}")
+    if _FROM_WIRE[h.dtype] != dtype:
+        raise ValueError(f"hidden states in {h.dtype.name}, this model runs {dtype}")
+    return _array(h)
 
 
 def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int, dtype: mx.Dtype) -> mx.array:
@@ -99,7 +142,7 @@ def from_frame(frame: Frame, *, first: bool, hidden: int, vocab: int, dtype: mx.
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             raise ValueError(f"token id outside the vocabulary (0..{vocab - 1})")
         return mx.array(ids)[None]
-    if frame.dtype not in _FROM_WIRE or len(frame.shape) != 3 or frame.shape[0] != 1 or frame.shape[2] != hidden:
+    if frame.dtype not in _FLOATS.values() or len(frame.shape) != 3 or frame.shape[0] != 1 or frame.shape[2] != hidden:
         raise ValueError(f"expected hidden states [1, L, {hidden}], got {frame.dtype.name} {frame.shape}")
     if _FROM_WIRE[frame.dtype] != dtype:
         raise ValueError(f"hidden states in {frame.dtype.name}, this model runs {dtype}")

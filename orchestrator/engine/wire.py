@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAGIC = b"PS"
-VERSION = 4  # 2: the SOLO flag; 3: CACHE frames (the prompt cache); 4: NAMED frames (several tensors), DRAFT
-# frames and the RUN flag (speculation)
+VERSION = 5  # 2: the SOLO flag; 3: CACHE frames (the prompt cache); 4: NAMED frames (several tensors), DRAFT
+# frames and the RUN flag (speculation); 5: BOOL tensors (DeepSeek-V4.1's candidate blocks)
 HEADER = struct.Struct("<2sBBBBBBQI3II")  # magic ver kind dtype flags ndim pad rid pos shape[3] len
 HEADER_SIZE = HEADER.size
 MAX_JSON_BYTES = 64 * 1024
@@ -64,11 +64,13 @@ class DType(enum.IntEnum):
     FLOAT32 = 2
     BFLOAT16 = 3
     FLOAT16 = 4
+    BOOL = 5  # one byte per element, 0 or 1
 
     @property
     def itemsize(self) -> int:
         """Bytes per element."""
-        return {DType.NONE: 1, DType.INT32: 4, DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}[self]
+        return {DType.NONE: 1, DType.INT32: 4, DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2,
+                DType.BOOL: 1}[self]
 
 
 class Flag(enum.IntFlag):

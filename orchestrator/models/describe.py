@@ -19,8 +19,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from orchestrator.engine import hyper_layout
 from orchestrator.engine.support import (
     PER_LAYER_INPUTS,
+    STREAMS,
     boundary_tensors,
     family_of,
     shared_kv_cuts,
@@ -142,6 +144,10 @@ class ModelDescription(BaseModel):
     # frame header: the hidden state, plus, for a family that passes more, the NAMED frame's
     # other tensors and directory (support.boundary_tensors). Empty: the hidden state alone.
     boundary_bytes: tuple[int, ...] = ()
+    # Cache bytes per token that the stage starting at boundary b (index b - 1) keeps of what it
+    # receives there (DeepSeek-V4.1's compressed K/V entries, appended to its first layer's
+    # cache: engine/hyper_layout.py). Empty: none.
+    received_cache_bytes: tuple[int, ...] = ()
 
     @property
     def supported(self) -> bool:
@@ -404,6 +410,7 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         layer_caches=caches,
         refused_boundaries=tuple(sorted(shared_kv_cuts(cfg))),
         boundary_bytes=_boundary_bytes(cfg, num_layers, hidden, DTYPE_BYTES[dtype]),
+        received_cache_bytes=_received_cache(cfg, num_layers, DTYPE_BYTES[dtype]),
     )
 
 
@@ -436,10 +443,32 @@ def _ranges(indices: list[int]) -> str:
     return ", ".join(out)
 
 
+# The position at which a boundary's bytes per token are reported, where they depend on it
+# (DeepSeek-V4.1's top-k picks and candidate flags grow with the context): the planner's
+# default context length.
+WIRE_POSITION = 4096
+
+
+def _received_cache(cfg: dict[str, Any], num_layers: int, dt: int) -> tuple[int, ...]:
+    """Cache bytes per token the stage starting at each boundary keeps of what it receives
+    (ModelDescription.received_cache_bytes); () when no family's stage keeps any."""
+    if family_of(cfg) not in STREAMS:
+        return ()
+    view = decoder_view(cfg)
+    return tuple(hyper_layout.received_bytes_per_token(view, b, dt) for b in range(1, num_layers))
+
+
 def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) -> tuple[int, ...]:
     """Wire bytes per token at each boundary (ModelDescription.boundary_bytes); () when every
     boundary carries the hidden state alone."""
     out = []
+    if family_of(cfg) in STREAMS:  # DeepSeek-V4.1: its residual streams and shared state, at WIRE_POSITION
+        view = decoder_view(cfg)
+        for b in range(1, num_layers):
+            parts = hyper_layout.wire_parts(view, b, WIRE_POSITION, hidden, dt)
+            shapes = {k: (1,) * rank for k, (rank, _) in parts.items()}
+            out.append(round(sum(size for _, size in parts.values())) + named_directory_bytes(shapes))
+        return tuple(out)
     for b in range(1, num_layers):
         extras = boundary_tensors(cfg, b)
         if not extras:

@@ -191,6 +191,26 @@ def _deepseek_v32(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     return (LayerCache(kind="attention", token_bytes=latent(cfg, dt) + index),) * n
 
 
+def _deepseek_v41(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # Its own LayerCache: a sliding window of single-head rows (head_dim, keys and values at
+    # once); a compressing source layer also keeps one entry per `ratio` tokens (and, when it
+    # indexes, an index key of index_head_dim), plus the open group's rows in float32.
+    head, window = int(get(cfg, "head_dim", 512)), int(get(cfg, "sliding_window", 128))
+    ratios = list(get(cfg, "compress_ratios", []))
+    kv, index = set(get(cfg, "kv_source_layer_ids", [])), set(get(cfg, "index_source_layer_ids", []))
+    out = []
+    for i in range(n):
+        ratio = int(ratios[i]) if i < len(ratios) else 0
+        rows = sliding(LayerCache(kind="sliding", token_bytes=head * dt), window)
+        if not (ratio and i in kv):
+            out.append(rows)
+            continue
+        entry = head * dt + (int(get(cfg, "index_head_dim", 128)) * dt if i in index else 0)
+        open_group = 2 * (ratio - 1) * head * FLOAT32  # pending K/V and gate rows
+        out.append(LayerCache(kind="attention", token_bytes=entry // ratio, state_bytes=window * head * dt + open_group))
+    return tuple(out)
+
+
 def _longcat_flash(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     # Two MLA blocks per layer, CacheList(KVCache, KVCache): two latents per token.
     return (LayerCache(kind="attention", token_bytes=2 * latent(cfg, dt)),) * n
@@ -293,6 +313,7 @@ RULES: dict[str, Rule] = {
     "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "jamba": _jamba,
     "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear, "kimi_k3": _kimi_linear,
     "deepseek_v3": _mla, "glm4_moe_lite": _mla, "mistral4": _mla, "deepseek_v32": _deepseek_v32,
+    "deepseek_v41": _deepseek_v41,
     "glm_moe_dsa": _deepseek_v32, "longcat_flash": _longcat_flash, "bailing_moe_v3": _bailing_moe_v3,
     "deepseek_v2": _deepseek_v2,
     # Text decoders of multimodal checkpoints (the decoder view of describe.py).

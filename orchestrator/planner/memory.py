@@ -68,6 +68,9 @@ class StageCosts:
         self.num_layers = model.num_layers
         self._prefix = [0, *accumulate(model.layer_bytes)]
         self._kv_prefix = [0, *accumulate(layer_kv_bytes(model, settings))]
+        # What a stage keeps of what it receives at its first boundary (DeepSeek-V4.1's compressed K/V).
+        tokens = kv_tokens(settings.context_length) * settings.max_concurrent_sequences
+        self._received = [b * tokens for b in model.received_cache_bytes]
         # A generated token reads every weight of a layer, but only one row of the embedding;
         # the head (the embedding matrix itself when tied) is read in full.
         self._embed_row = model.embedding_bytes // max(1, model.vocab_size)
@@ -103,8 +106,10 @@ class StageCosts:
         return total
 
     def kv_bytes(self, start: int, end: int) -> int:
-        """KV cache of a stage over [start, end) at the settings' context and concurrency."""
-        return self._kv_prefix[end] - self._kv_prefix[start]
+        """KV cache of a stage over [start, end) at the settings' context and concurrency, with
+        what it keeps of the compressed K/V it receives (ModelDescription.received_cache_bytes)."""
+        received = self._received[start - 1] if 0 < start <= len(self._received) else 0
+        return self._kv_prefix[end] - self._kv_prefix[start] + received
 
     def overhead_bytes(self, runs_coordinator: bool) -> int:
         """Process overhead on a stage's node: the stage, plus the coordinator when it runs there."""

@@ -145,7 +145,7 @@ def _mixed_predicate(model: nn.Module, layers: int):
     default (the global entry), with overrides recorded per module path: 6-bit for the
     embedding and head, 8-bit for v_proj / down_proj (InternLM2's w2) in the first and
     last layers, and group 32 for the last layer's output projection (o_proj / out_proj,
-    Ling's attention.dense, InternLM2's attention.wo). The model's own predicate (e.g.
+    Ling's attention.dense, InternLM2's attention.wo, DeepSeek-V4.1's o_b_proj). The model's own predicate (e.g.
     8-bit routers) is applied first, so such modules are treated as in the uniform
     quantizations (mlx_lm.convert's recipes would replace it instead)."""
     own = getattr(model, "quant_predicate", None)
@@ -162,7 +162,7 @@ def _mixed_predicate(model: nn.Module, layers: int):
         edge = ".layers.0." in path or last in path
         if edge and any(k in path for k in ("v_proj", "down_proj", "kv_b_proj", "feed_forward.w2")):
             return {"group_size": _GROUP, "bits": 8, "mode": "affine"}
-        output_projection = path.endswith(("o_proj", "out_proj", "attention.dense", "attention.wo"))
+        output_projection = path.endswith(("o_proj", "out_proj", "attention.dense", "attention.wo", "o_b_proj"))
         if last in path and output_projection and in_dim % 32 == 0:
             return {"group_size": 32, "bits": 4, "mode": "affine"}
         return True

@@ -107,6 +107,26 @@ CARRIED = MappingProxyType({
         text_model_type="kimi_k3_text",
         tower="vision_tower",
     ),
+    "deepseek_v41": FamilySpec(
+        "deepseek_v41",
+        {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 32,
+         "qk_rope_head_dim": 16, "o_groups": 2, "o_lora_rank": 32, "moe_intermediate_size": 64,
+         "n_routed_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "sliding_window": 8,
+         "compress_ratios": [0, 4, 4, 4, 4, 4], "kv_source_layer_ids": [1, 3], "index_source_layer_ids": [1, 2, 4],
+         "candidate_source_layer_id": 2, "candidate_topk_blocks": 2, "candidate_block_size": 2,
+         "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4, "hc_mult": 4, "hc_sinkhorn_iters": 4,
+         "max_position_embeddings": 2048, "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                                          "original_max_position_embeddings": 512},
+         "tie_word_embeddings": False},
+        "SE FE SE FE SE SE",
+        "DeepSeek-V4.1 as published: its decoder under text_config; four hyper-connection residual streams "
+        "mixed by each layer; a sliding window of 8 everywhere; layers 1-5 also attend over compressed K/V "
+        "(groups of 4 tokens) that layers 1 and 3 make and keep (F), picked by the indexers of layers 1, 2, 4 "
+        "(layer 2 also picks candidate blocks for layer 4); what a later layer reads of that crosses each "
+        "boundary",
+        text_config=True,
+        text_model_type="deepseek_v41",
+    ),
     "afm7": FamilySpec(
         "afm7",
         {"hidden_dim": 64, "num_layers": 6, "num_kv_reuse_layers": 2, "num_heads": 4, "num_kv_heads": 2,

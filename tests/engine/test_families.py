@@ -105,10 +105,11 @@ def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
 
 
 @pytest.mark.slow
-# gemma4_text, hunyuan, rwkv7, talkie, kimi_k3: NAMED frames (per-layer inputs, handed-on K/V, v_first,
-# the normalised embedding, attention residuals) between real processes
+# gemma4_text, hunyuan, rwkv7, talkie, kimi_k3, deepseek_v41: NAMED frames (per-layer inputs, handed-on K/V,
+# v_first, the normalised embedding, attention residuals, residual streams with compressed K/V, top-k picks
+# and candidate flags) between real processes
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "nemotron_h", "jamba",
-                                    "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3"])
+                                    "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41"])
 def test_real_stages_serve_concurrent_requests_like_solo_runs(family_model, launch, family):
     """Real stage processes over TCP; three requests at once, each with its solo tokens."""
     model = family_model(family)
@@ -371,8 +372,8 @@ def test_the_comparison_detects_handed_on_state_not_crossing(family_model, monke
     expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
     feed = stubs.Entry.feed
 
-    def swapped(self, h, handed=None):
-        feed(self, h, None if handed is None else (handed[0], handed[1][::-1]))
+    def swapped(self, h, handed=None, before=None):
+        feed(self, h, None if handed is None else (handed[0], handed[1][::-1]), before)
 
     monkeypatch.setattr(stubs.Entry, "feed", swapped)
     with pytest.raises(AssertionError):
@@ -385,8 +386,8 @@ def test_the_comparison_detects_v_first_not_crossing(family_model, monkeypatch):
     expected = reference(model, PROMPT, TOKENS, prefill_step=CHUNK)
     feed = stubs.Entry.feed
 
-    def zeroed(self, h, handed=None):
-        feed(self, h, None if handed is None else (handed[0], mx.zeros_like(handed[1])))
+    def zeroed(self, h, handed=None, before=None):
+        feed(self, h, None if handed is None else (handed[0], mx.zeros_like(handed[1])), before)
 
     monkeypatch.setattr(stubs.Entry, "feed", zeroed)
     with pytest.raises(AssertionError):

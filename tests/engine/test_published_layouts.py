@@ -35,6 +35,7 @@ LAYOUTS = {
     "qwen3_5_moe": "text_config nested, vision_config and model.visual.* tensors beside it",
     "longcat_flash": "num_layers instead of num_hidden_layers",
     "llama": "flat num_hidden_layers (the common case)",
+    "deepseek_v41": "text_config nested; residual streams, their pre-mix and compressed K/V cross the boundaries",
 }
 
 

@@ -48,7 +48,6 @@ def test_every_shipped_module_is_served_or_refused_with_its_mechanism() -> None:
 
 @pytest.mark.parametrize("model_type,fragment", [
     ("gemma3n", "the AltUp streams across a boundary"),
-    ("deepseek_v41", "tensors of the NAMED stage frame"),
     ("iquestloopcoder", "more than once"),
 ])
 def test_the_refusal_reason_reaches_the_agent_planner_and_stage(tmp_path: Path, model_type: str,

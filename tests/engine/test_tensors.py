@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 from orchestrator.engine import wire
-from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
+from orchestrator.engine.tensors import Expected, from_frame, from_frame_with, to_frame
 from orchestrator.engine.wire import DType, Flag, FrameError
 
 H, P = 8, 4
@@ -32,6 +32,43 @@ def test_named_roundtrip_is_bit_exact(dtype):
     x, extras = from_frame_with(f, hidden=H, dtype=dtype, extras={"per_layer": (2, P)})
     assert mx.array_equal(x, h).item() and mx.array_equal(extras["per_layer"], ple).item()
     assert extras["per_layer"].dtype == dtype
+
+
+def _streams_extras(length: int) -> dict:
+    """DeepSeek-V4.1-like: streams as h [1, L, 2, H], a float32 mix, int32 picks, bool flags, entries
+    whose count is not L (one here; none when the step closed no group)."""
+    return {"pre_mix": Expected((length, 2), mx.float32), "topk_idx": Expected((length, 3), mx.int32),
+            "candidates": Expected((length, 2), mx.bool_), "compress_kv": Expected((1, P), mx.bfloat16),
+            "index_k": Expected((0, P), mx.bfloat16)}
+
+
+def test_extras_of_their_own_dtype_and_length_roundtrip_and_empty_ones_are_not_sent():
+    h = _arr((1, 3, 2, H))
+    sent = {"pre_mix": _arr((1, 3, 2), mx.float32), "topk_idx": mx.array([[[0, 2, -1], [1, 0, 2], [3, 1, 0]]]),
+            "candidates": mx.array([[[True, False], [False, True], [True, True]]]),
+            "compress_kv": _arr((1, 1, P)), "index_k": mx.zeros((1, 0, P), mx.bfloat16)}
+    f = to_frame(2, 40, h, extras=sent)
+    assert set(wire.named_tensors(f)) == {"h", "pre_mix", "topk_idx", "candidates", "compress_kv"}
+    x, extras = from_frame_with(f, hidden=(2, H), dtype=mx.bfloat16, extras=_streams_extras)
+    assert mx.array_equal(x, h).item() and set(extras) == set(sent)
+    for name, a in sent.items():
+        assert extras[name].dtype == a.dtype and extras[name].shape == a.shape
+        assert mx.array_equal(extras[name], a).item(), name
+
+
+def test_an_extra_the_step_should_not_have_sent_or_of_another_dtype_is_refused():
+    h = _arr((1, 3, 2, H))
+    base = {"pre_mix": _arr((1, 3, 2), mx.float32), "topk_idx": mx.zeros((1, 3, 3), mx.int32),
+            "candidates": mx.zeros((1, 3, 2), mx.bool_), "compress_kv": _arr((1, 1, P))}
+    with pytest.raises(FrameError, match="got h, pre_mix, topk_idx, candidates, compress_kv, index_k"):
+        from_frame_with(to_frame(1, 0, h, extras={**base, "index_k": _arr((1, 1, P))}), hidden=(2, H),
+                        dtype=mx.bfloat16, extras=_streams_extras)
+    with pytest.raises(FrameError, match=r"expected topk_idx \[1, 3, 3\] in mlx.core.int32, got FLOAT32"):
+        from_frame_with(to_frame(1, 0, h, extras={**base, "topk_idx": mx.zeros((1, 3, 3))}), hidden=(2, H),
+                        dtype=mx.bfloat16, extras=_streams_extras)
+    with pytest.raises(ValueError, match=r"expected hidden states \[1, L, 2, 8\]"):
+        from_frame_with(to_frame(1, 0, _arr((1, 3, H)), extras=base), hidden=(2, H), dtype=mx.bfloat16,
+                        extras=_streams_extras)
 
 
 def test_extras_cannot_be_named_h():

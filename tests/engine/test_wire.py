@@ -139,12 +139,12 @@ def test_json_frames_roundtrip(value, kind):
 @pytest.mark.parametrize("raw,message", [
     pytest.param(header(magic=b"XX"), r"bad magic b'XX'", id="bad-magic"),
     pytest.param(header(magic=b"ps"), r"bad magic", id="lowercase-magic"),
-    pytest.param(header(version=0), r"unsupported wire version 0 \(this build speaks 4\)", id="version-0"),
+    pytest.param(header(version=0), r"unsupported wire version 0 \(this build speaks 5\)", id="version-0"),
     pytest.param(header(version=3), r"unsupported wire version 3", id="version-3"),
     pytest.param(header(kind=0), r"unknown frame kind 0", id="kind-0"),
     pytest.param(header(kind=12), r"unknown frame kind 12", id="kind-12"),
     pytest.param(header(kind=255), r"unknown frame kind 255", id="kind-255"),
-    pytest.param(header(dtype=5), r"or dtype 5", id="dtype-5"),
+    pytest.param(header(dtype=6), r"or dtype 6", id="dtype-6"),
     pytest.param(header(dtype=200), r"or dtype 200", id="dtype-200"),
     pytest.param(header(flags=32), r"unknown flags 0x20", id="flag-32"),
     pytest.param(header(flags=0x83), r"unknown flags 0x83", id="flag-high"),
@@ -344,7 +344,7 @@ def test_server_hello_version_mismatch():
 
 
 @pytest.mark.parametrize("hello,message", [
-    (b"PSHS" + struct.pack("<BB", 2, 3) + b"n" * 32, r"peer speaks wire version 3, this build 4"),
+    (b"PSHS" + struct.pack("<BB", 2, 4) + b"n" * 32, r"peer speaks wire version 4, this build 5"),
     (b"PSHS" + struct.pack("<H", 1) + b"n" * 32, r"peer speaks handshake version 1, this build 2"),  # a v1 build
 ])
 def test_server_hello_of_another_wire_version_is_refused(hello, message):
@@ -367,17 +367,17 @@ def test_client_version_mismatch():
     with pytest.raises(HandshakeError, match="client speaks handshake version 3, this build 2"):
         wire.verify_client(SECRET, server_nonce, bumped[:7], bumped[7:])
     older = proof[:4] + struct.pack("<BB", wire.HANDSHAKE_VERSION, VERSION - 1) + proof[6:]
-    with pytest.raises(HandshakeError, match="client speaks wire version 3, this build 4"):
+    with pytest.raises(HandshakeError, match="client speaks wire version 4, this build 5"):
         wire.verify_client(SECRET, server_nonce, older[:7], older[7:])
 
 
 @pytest.mark.parametrize("head,rest,message", [
     (b"GET / H", b"", "did not start with PSHC"),
     (b"PSHC\x01\x00", b"", "did not start with PSHC"),  # 6-byte head
-    (b"PSHC\x02\x04\x00", b"\0" * 64, "malformed handshake"),  # role length 0
-    (b"PSHC\x02\x04\x41", b"\0" * (65 + 64), "malformed handshake"),  # role length 65
-    (b"PSHC\x02\x04\x05", b"\0" * 10, "malformed handshake"),  # truncated
-    (b"PSHC\x02\x04\x05", b"\0" * 102, "malformed handshake"),  # too long
+    (b"PSHC\x02\x05\x00", b"\0" * 64, "malformed handshake"),  # role length 0
+    (b"PSHC\x02\x05\x41", b"\0" * (65 + 64), "malformed handshake"),  # role length 65
+    (b"PSHC\x02\x05\x05", b"\0" * 10, "malformed handshake"),  # truncated
+    (b"PSHC\x02\x05\x05", b"\0" * 102, "malformed handshake"),  # too long
 ])
 def test_verify_client_rejects_malformed(head, rest, message):
     with pytest.raises(HandshakeError, match=message):
@@ -400,8 +400,8 @@ def test_client_proof_refuses_bad_roles(role):
 
 
 def test_rest_length():
-    assert wire.rest_length(b"PSHC\x02\x04\x0b") == 11 + 64
-    assert wire.rest_length(b"PSHC\x02\x04") == 0
+    assert wire.rest_length(b"PSHC\x02\x05\x0b") == 11 + 64
+    assert wire.rest_length(b"PSHC\x02\x05") == 0
 
 
 def test_nonces_are_fresh():

@@ -140,6 +140,9 @@ TABLE = {
     "phixtral": {"attention": 2 * STANDARD},
     # attention only where the block has one; n_heads_in_group 2 of 4 heads: 2 key / value heads
     "nemotron-nas": {"attention": STANDARD, "none": 0},
+    # its LayerCache: a window of 8 single-head rows (head_dim 32, keys and values at once) everywhere;
+    # layer 1 also keeps one compressed entry (32) and index key (16) per 4 tokens
+    "deepseek_v41": {"sliding": (32 * F32, 8), "attention": (32 + 16) * F32 // 4},
 }
 
 

@@ -32,6 +32,7 @@ from orchestrator.engine.stage.batch import (
     split_attention_by_row,
 )
 from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, handed_codec, row
+from orchestrator.engine.stage.hyper_streams import STREAMS_MIX, hyper_streams
 from orchestrator.engine.stage.interrupt import LayerChecks
 from orchestrator.engine.stage.stand_ins import (
     Checkpoint,
@@ -110,7 +111,7 @@ class StageModel:
         layers = _layer_list(model)
         if len(layers) != self.info.num_layers:
             raise ShardError(f"the model has {len(layers)} layers, config.json says {self.info.num_layers}")
-        self.dtype = _activation_dtype(model, layers[start])
+        self.dtype = _activation_dtype(model, layers[start], getattr(model, "cast_predicate", None))
         n = len(layers)
         cuts = support.shared_kv_cuts(config)
         for boundary in (start, end):
@@ -121,7 +122,7 @@ class StageModel:
         returns = support.TUPLE_LAYERS.get(family, 1)
         hidden_at = support.HIDDEN_AT.get(family, 0)
         handed_at = support.HANDED_ON.get(family, (0, ()))[0]
-        passes = handed_at if isinstance(handed_at, str) else None
+        passes = support.PASSED_ON.get(family)
         for i in [*range(start), *range(end, n)]:
             layers[i] = Skip(layers[i], returns, hidden_at, passes)
         row_attention = support.row_attention(config)
@@ -134,7 +135,11 @@ class StageModel:
         if self._entry is not None:
             layers[start] = self._entry
         given = support.GIVEN_INPUT.get(family)
-        self._exit = None if self.last else Exit(layers[end - 1], keep_arg=given[0] if given else None)
+        # DeepSeek-V4.1: residual streams, their pre-mix and shared state cross (hyper_streams.py).
+        self._streams = hyper_streams(family, decoder_view(config), start, end, self.last)
+        self.hidden_shape = support.hidden_shape(config, self.info.hidden_size)
+        self._exit = None if self.last else Exit(layers[end - 1], keep_arg=given[0] if given else None,
+                                                 keep_keywords=self._streams is not None)
         if self._exit is not None:
             layers[end - 1] = self._exit
         # A tensor every layer takes (Talkie's normalised embedding): received beyond the first stage.
@@ -186,6 +191,14 @@ class StageModel:
         """Bytes of the parameters this stage holds."""
         return sum(v.nbytes for _, v in nn.utils.tree_flatten(self._model.parameters()))
 
+    def expects(self, position: int) -> Any:
+        """What a frame for a step from `position` carries beside the hidden state (tensors.py's
+        `extras` of from_frame_with): `extras_in`, or for DeepSeek-V4.1 a function of the step's
+        length (its shared parts grow with the position)."""
+        if self._streams is None or self.first:
+            return self.extras_in
+        return lambda length: {**self.extras_in, **self._streams.expected(position, length, self.dtype)}
+
     def make_cache(self) -> list[Any]:
         """A fresh cache for one request: the family's own `make_cache()`, whole model long.
 
@@ -214,6 +227,11 @@ class StageModel:
         handed = None
         if isinstance(x, Carry) and self._given_name:
             self._given.value = x.extras[self._given_name]
+        before = None
+        if isinstance(x, Carry) and self._streams is not None:
+            extras, start_pos, length = x.extras, cache[0].offset, x.h.shape[1]
+            handed = (1, extras[STREAMS_MIX])
+            before = lambda kwargs: self._streams.receive(extras, start_pos, length, kwargs)  # noqa: E731
         if isinstance(x, Carry):
             if self._handed_in:
                 parts = tuple(x.extras[k] for k in self._handed_in)
@@ -221,7 +239,7 @@ class StageModel:
                 handed = (self._handed_at, value if self._handed_codec is None else self._handed_codec.from_wire(value))
             x = x.h
         if self._entry is not None:
-            self._entry.feed(x, handed)
+            self._entry.feed(x, handed, before)
             x = mx.zeros(x.shape[:2], mx.int32)  # token ids the embedding stand-in turns into zeros
         out = self._model(x, cache=cache)
         if self._exit is None:
@@ -233,6 +251,10 @@ class StageModel:
             extras.update(zip(self._handed_out, value if isinstance(value, tuple) else (value,)))
         if self._given_name:
             extras[self._given_name] = self._exit.kept()
+        if self._streams is not None:
+            kwargs = self._exit.keywords()
+            extras[STREAMS_MIX] = rest[0]
+            extras.update(self._streams.send(kwargs["shared"], kwargs["start_pos"], h.shape[0], h.shape[1], h.dtype))
         return Carry(h, extras) if extras else h
 
     def forward_batch(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
@@ -313,10 +335,13 @@ def _layer_list(model: nn.Module) -> list[nn.Module]:
     raise ShardError(f"{type(model).__module__}: cannot locate the layer list to split")
 
 
-def _activation_dtype(model: nn.Module, layer: nn.Module) -> mx.Dtype:
-    """The dtype hidden states have between layers: the layer's first floating, non-scale tensor."""
+def _activation_dtype(model: nn.Module, layer: nn.Module, cast: Any = None) -> mx.Dtype:
+    """The dtype hidden states have between layers: the layer's first floating, non-scale tensor
+    that conversion casts (`cast`: the family's cast_predicate; DeepSeek-V4.1 keeps its
+    hyper-connections in float32 whatever the model's dtype)."""
     for name, value in nn.utils.tree_flatten(layer.parameters()):
-        if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(("scales", "biases")):
+        if mx.issubdtype(value.dtype, mx.floating) and not name.endswith(("scales", "biases")) \
+                and (cast is None or cast(name)):
             return value.dtype
     for _name, value in nn.utils.tree_flatten(layer.parameters()):
         if mx.issubdtype(value.dtype, mx.floating):

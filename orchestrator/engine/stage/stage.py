@@ -297,8 +297,8 @@ class Stage:
         if model.first:
             return from_frame(f, first=True, hidden=model.info.hidden_size, vocab=model.info.vocab_size,
                               dtype=model.dtype)
-        h, extras = from_frame_with(f, hidden=model.info.hidden_size, dtype=model.dtype, extras=model.extras_in)
-        return Carry(h, extras) if model.extras_in else h
+        h, extras = from_frame_with(f, hidden=model.hidden_shape, dtype=model.dtype, extras=model.expects(f.position))
+        return Carry(h, extras) if extras else h
 
     def _rolled_back(self, f: Frame, state: RequestState) -> bool:
         """A frame behind the stage's position: the rollback after a verification chunk, or an error."""

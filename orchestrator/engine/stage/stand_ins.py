@@ -25,6 +25,7 @@ layer list and the ends of the model:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -48,6 +49,8 @@ def _advance(cache: Any, length: int, batch: int) -> None:
             _advance(c, length, batch)
     elif isinstance(cache, ArraysCache):
         return  # recurrent state: its masks depend on padding only, never on position
+    elif hasattr(cache, "update_window"):  # DeepSeek-V4.1's LayerCache: its window's rows and offset count
+        cache.update_window(mx.zeros((batch, length, 0)))
     elif type(cache) is KVCache:
         cache.offset += length  # its masks read only the offset: no arrays at all (the common case)
     elif hasattr(cache, "update_and_fetch"):
@@ -75,7 +78,7 @@ def keep_readable(cache: Any) -> None:
 
 def _caches_in(args: tuple, kwargs: dict) -> list[Any]:
     return [a for a in (*args, *kwargs.values())
-            if hasattr(a, "update_and_fetch") or isinstance(a, (ArraysCache, CacheList))]
+            if hasattr(a, "update_and_fetch") or hasattr(a, "update_window") or isinstance(a, (ArraysCache, CacheList))]
 
 
 # Names a family passes its hidden state by when it calls a layer with keywords (GPT-J: inputs=).
@@ -154,10 +157,11 @@ class Skip(_Mimic):
     `returns` > 1: the family's layers return a tuple (hidden state first, then what its loop
     hands to later layers, Gemma 4's K/V and offset); a skipped layer returns the hidden state
     and Nones, which only a layer this stage also skips can read (support.shared_kv_cuts), or,
-    with `passes`, the keyword argument of that name as it was given (Kimi-K3's residual blocks).
+    with `passes`, the argument of that keyword or position as it was given (Kimi-K3's residual
+    blocks, DeepSeek-V4.1's pre-mix).
     """
 
-    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0, passes: str | None = None) -> None:
+    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0, passes: int | str | None = None) -> None:
         super().__init__(layer)
         _copy_plain(layer, self)
         object.__setattr__(self, "_returns", returns)
@@ -165,12 +169,15 @@ class Skip(_Mimic):
         object.__setattr__(self, "_passes", passes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        passes = self.__dict__["_passes"]
+        # handed on as it came (support.PASSED_ON: the model's code reads it after the loop)
+        passed = kwargs.get(passes) if isinstance(passes, str) else None if passes is None else args[passes]
         x, args, kwargs = hidden_argument(args, kwargs, self.__dict__["_hidden_at"])
         for cache in _caches_in(args, kwargs):
             _advance(cache, x.shape[1], x.shape[0])
-        returns, passes = self.__dict__["_returns"], self.__dict__["_passes"]
-        if passes is not None:  # handed on as it came (Kimi-K3's residual blocks: the model's code reads them after)
-            return x, kwargs.get(passes)
+        returns = self.__dict__["_returns"]
+        if passes is not None:
+            return x, passed
         return x if returns == 1 else (x, *([None] * (returns - 1)))
 
 
@@ -198,18 +205,24 @@ class Entry(_Wrapper):
         super().__init__(layer)
         object.__setattr__(self, "_hidden_at", hidden_at)
 
-    def feed(self, h: mx.array, handed: tuple[int | str, Any] | None = None) -> None:
-        """The hidden state from upstream for the next call (kept off the parameter tree), and
+    def feed(self, h: mx.array, handed: tuple[int | str, Any] | None = None,
+             before: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """The hidden state from upstream for the next call (kept off the parameter tree),
         `handed` = (argument position or keyword, value) to put in place of what the skipped
-        layer handed on."""
+        layer handed on, and `before`, given the call's keyword arguments first (DeepSeek-V4.1's
+        shared state goes into its `shared` dict and its cache: hyper_streams.py)."""
         object.__setattr__(self, "_incoming", h)
         object.__setattr__(self, "_handed", handed)
+        object.__setattr__(self, "_before", before)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         h = self.__dict__.pop("_incoming", None)
         if h is None:
             raise RuntimeError("stage entry called without a hidden state from upstream")
         handed = self.__dict__.pop("_handed", None)
+        before = self.__dict__.pop("_before", None)
+        if before is not None:
+            before(kwargs)
         if handed is not None and isinstance(handed[0], str):
             kwargs = {**kwargs, handed[0]: handed[1]}
         elif handed is not None:
@@ -222,16 +235,20 @@ class Entry(_Wrapper):
 
 
 class Exit(_Wrapper):
-    """The stage's last layer on a non-last stage: keeps its output for `take`, and its argument
-    `keep_arg` for `kept` (Talkie's normalised embedding, which every later layer takes too)."""
+    """The stage's last layer on a non-last stage: keeps its output for `take`, its argument
+    `keep_arg` for `kept` (Talkie's normalised embedding, which every later layer takes too), and
+    with `keep_keywords` its keyword arguments for `keywords` (DeepSeek-V4.1's shared state)."""
 
-    def __init__(self, layer: nn.Module, keep_arg: int | None = None) -> None:
+    def __init__(self, layer: nn.Module, keep_arg: int | None = None, keep_keywords: bool = False) -> None:
         super().__init__(layer)
         object.__setattr__(self, "_keep_arg", keep_arg)
+        object.__setattr__(self, "_keep_keywords", keep_keywords)
 
     def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
         out = self.layer(*args, **kwargs)
         object.__setattr__(self, "_outgoing", out)
+        if self.__dict__["_keep_keywords"]:
+            object.__setattr__(self, "_keywords", kwargs)
         at = self.__dict__["_keep_arg"]
         if at is not None:
             object.__setattr__(self, "_kept", args[at])
@@ -240,6 +257,10 @@ class Exit(_Wrapper):
     def kept(self) -> mx.array:
         """The last call's argument `keep_arg`."""
         return self.__dict__.pop("_kept")
+
+    def keywords(self) -> dict[str, Any]:
+        """The last call's keyword arguments (DeepSeek-V4.1's `shared` dict and `start_pos`)."""
+        return self.__dict__.pop("_keywords")
 
     def take(self) -> mx.array:
         """The hidden state of the last call's output (what travels downstream)."""
