@@ -11,11 +11,16 @@ the table.
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3")
+FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41")
+# DeepSeek-V4.1's frames depend on the position (a compressed entry every `ratio` tokens, top-k picks
+# and candidate flags that grow with the context): its rows average STEPS decode steps from the prompt's
+# end against the planner's per-token figure at each of those positions (engine/hyper_layout.py).
+STEPS = 8
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 
 # Published shapes (config keys as their config.json gives them), for the planner's column only.
@@ -27,6 +32,13 @@ PUBLISHED = {
     # mlx-lm's kimi_k3.py defaults (93 layers of 7168); the block size is an assumption of ours
     "Kimi-K3 (blocks of 12)": {"model_type": "kimi_k3", "hidden_size": 7168, "num_hidden_layers": 93,
                                "attn_res_block_size": 12},
+    # mlx-lm's deepseek_v41.py defaults (40 layers of 5120, 4 streams, head_dim 512, index keys of 128, top-k
+    # 512); the compression layout is an assumption of ours: windows only in layers 0-1, then ratios 4 and 128
+    # alternating, every compressed layer a source, the ratio-4 ones indexers (at position 4096)
+    "DeepSeek-V4.1 (assumed layout)": {
+        "model_type": "deepseek_v41", "hidden_size": 5120, "num_hidden_layers": 40,
+        "compress_ratios": [0, 0] + [4, 128] * 19, "kv_source_layer_ids": list(range(2, 40)),
+        "index_source_layer_ids": list(range(2, 40, 2))},
 }
 
 
@@ -34,10 +46,11 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
     """(family, boundary, planned, measured) bytes per decoded token, header included."""
     import mlx.core as mx
 
-    from orchestrator.engine import wire
+    from orchestrator.engine import hyper_layout, support, wire
     from orchestrator.engine.stage.carry import Carry
     from orchestrator.engine.stage.shard import StageModel
     from orchestrator.engine.tensors import to_frame
+    from orchestrator.models.decoder_config import decoder_view
     from orchestrator.models.describe import describe_model
     from orchestrator.planner.memory import wire_bytes_per_token
     from orchestrator.testmodels.families import build_family_model
@@ -52,12 +65,22 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
             stage = StageModel(model_dir, 0, b)
             cache = stage.make_cache()
             mx.eval(stage.forward(mx.array(PROMPT)[None], cache))
-            out = stage.forward(mx.array([7])[None], cache)
-            mx.eval(out)
-            frame = to_frame(1, len(PROMPT), out.h, extras=out.extras) if isinstance(out, Carry) else to_frame(
-                1, len(PROMPT), out)
-            planned = wire_bytes_per_token(description, b) + wire.HEADER_SIZE
-            rows.append((family, b, planned, len(wire.encode(frame))))
+            steps = STEPS if family in support.STREAMS else 1
+            sent = 0
+            for i in range(steps):
+                out = stage.forward(mx.array([7 + i])[None], cache)
+                mx.eval(out)
+                position = len(PROMPT) + i
+                frame = to_frame(1, position, out.h, extras=out.extras) if isinstance(out, Carry) else to_frame(
+                    1, position, out)
+                sent += len(wire.encode(frame))
+            if family in support.STREAMS:
+                view = decoder_view(json.loads((model_dir / "config.json").read_text()))
+                planned = sum(hyper_layout.wire_bytes_per_token(view, b, len(PROMPT) + i, description.hidden_size,
+                                                                description.dtype_bytes) for i in range(steps)) / steps
+            else:
+                planned = wire_bytes_per_token(description, b)
+            rows.append((family, b, round(planned + wire.HEADER_SIZE), round(sent / steps)))
     return rows
 
 

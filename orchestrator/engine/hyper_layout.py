@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.engine.wire import named_directory_bytes
+
 
 def _get(view: dict[str, Any], key: str, default: Any) -> Any:
     value = view.get(key)
@@ -85,6 +87,20 @@ def wire_parts(view: dict[str, Any], boundary: int, position: int, hidden: int, 
         else:
             out[key] = (3, 4 * min(int(_get(view, "index_topk", 512)), _index_keys(view, source, end)))
     return out
+
+
+def wire_bytes_per_token(view: dict[str, Any], boundary: int, position: int, hidden: int, dtype_bytes: int) -> float:
+    """What one decoded token at `position` costs on the wire at `boundary`, beyond the frame
+    header: its tensors (`wire_parts`) and the NAMED frame's directory, whose entry for a
+    compressed part is there only in the steps that close a group (an empty tensor is not sent)."""
+    parts = wire_parts(view, boundary, position, hidden, dtype_bytes)
+    ratios = list(_get(view, "compress_ratios", []))
+    sources = crossing(view, boundary)
+    total = named_directory_bytes({})
+    for key, (rank, size) in parts.items():
+        share = 1 / int(ratios[sources[key]]) if key in ("compress_kv", "index_k") else 1
+        total += size + share * (named_directory_bytes({key: (1,) * rank}) - named_directory_bytes({}))
+    return total
 
 
 def received_bytes_per_token(view: dict[str, Any], boundary: int, dtype_bytes: int) -> int:

@@ -465,9 +465,7 @@ def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) 
     if family_of(cfg) in STREAMS:  # DeepSeek-V4.1: its residual streams and shared state, at WIRE_POSITION
         view = decoder_view(cfg)
         for b in range(1, num_layers):
-            parts = hyper_layout.wire_parts(view, b, WIRE_POSITION, hidden, dt)
-            shapes = {k: (1,) * rank for k, (rank, _) in parts.items()}
-            out.append(round(sum(size for _, size in parts.values())) + named_directory_bytes(shapes))
+            out.append(round(hyper_layout.wire_bytes_per_token(view, b, WIRE_POSITION, hidden, dt)))
         return tuple(out)
     for b in range(1, num_layers):
         extras = boundary_tensors(cfg, b)

@@ -208,7 +208,7 @@ def _deepseek_v41(cfg: dict[str, Any], n: int, dt: int) -> Layers:
         entry = head * dt + (int(get(cfg, "index_head_dim", 128)) * dt if i in index else 0)
         open_group = 2 * (ratio - 1) * head * FLOAT32  # pending K/V and gate rows
         out.append(LayerCache(kind="attention", token_bytes=entry // ratio,
-                              state_bytes=window * head * dt + open_group))
+                              state_bytes=window * head * dt + open_group, exact=True))
     return tuple(out)
 
 

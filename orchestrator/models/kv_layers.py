@@ -39,6 +39,7 @@ class LayerCache(BaseModel):
     token_bytes: int = 0  # keys + values of one token (attention, sliding)
     window: int | None = None  # tokens a sliding layer keeps at most
     state_bytes: int = 0  # a state layer's constant size (or the constant part beside keys / values)
+    exact: bool = False  # grows by concatenation, token by token, not in mlx-lm's 256-token steps
 
     def bytes_for(self, tokens: int) -> int:
         """Bytes this layer holds for one request whose cache has room for `tokens` tokens

@@ -48,7 +48,7 @@ def layer_kv_bytes(model: ModelDescription, settings: PlanSettings) -> list[int]
     """
     tokens = kv_tokens(settings.context_length)
     if model.layer_caches:
-        per_sequence = [c.bytes_for(tokens) for c in model.layer_caches]
+        per_sequence = [c.bytes_for(settings.context_length if c.exact else tokens) for c in model.layer_caches]
     else:
         per_sequence = [model.kv_bytes_per_token_layer * tokens] * model.num_layers
     return [b * settings.max_concurrent_sequences for b in per_sequence]
@@ -69,7 +69,8 @@ class StageCosts:
         self._prefix = [0, *accumulate(model.layer_bytes)]
         self._kv_prefix = [0, *accumulate(layer_kv_bytes(model, settings))]
         # What a stage keeps of what it receives at its first boundary (DeepSeek-V4.1's compressed K/V).
-        tokens = kv_tokens(settings.context_length) * settings.max_concurrent_sequences
+        # (grown by concatenation: no 256-token steps)
+        tokens = settings.context_length * settings.max_concurrent_sequences
         self._received = [b * tokens for b in model.received_cache_bytes]
         # A generated token reads every weight of a layer, but only one row of the embedding;
         # the head (the embedding matrix itself when tied) is read in full.

@@ -78,7 +78,7 @@ def test_split_equals_mlx_lm(family_model, family):
       if quant in FAMILIES[name].quants],  # afm7: float only (mlx-lm cannot quantize it)
     *[(name, "bfloat16", None) for name in matrix.sample([n for n in NAMES if n not in MOE], stride=3)],
     ("llama", "float16", None), ("qwen3", "float32", "q6"), ("gemma3_text", "float32", "q8"),
-    ("gpt_oss", "float32", "mxfp4"), ("qwen3_moe", "float32", "mxfp4"),
+    ("gpt_oss", "float32", "mxfp4"), ("qwen3_moe", "float32", "mxfp4"), ("deepseek_v41", "float32", "mixed"),
 ])
 def test_formats_split_equal_mlx_lm(family_model, family, dtype, quant):
     model = family_model(family, dtype, quant)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache
 
 from orchestrator.engine.stage.stand_ins import advance_skipped
@@ -70,6 +71,12 @@ class DiskEntry:
     nbytes: int
 
 
+def _readable(c: Any) -> bool:
+    """Whether `load_prompt_cache` can rebuild this cache: it knows only mlx-lm's own cache classes
+    (DeepSeek-V4.1 keeps its own LayerCache in its model module)."""
+    return hasattr(mlx_cache, type(c).__name__) and all(_readable(m) for m in getattr(c, "caches", ()))
+
+
 def _skipped(c: Any) -> bool:
     """A skipped layer's cache: positions only, no arrays, or zero-size ones (stand_ins.keep_readable)."""
     return type(c) is KVCache and (c.keys is None or c.keys.size == 0)
@@ -105,6 +112,7 @@ class DiskTier:
         self.budget = budget_bytes
         self.make_cache = make_cache
         self.log = log
+        self.refused = False  # the model's caches cannot go to disk (logged once)
         self.root = Path(models_dir) / FOLDER / self.model / f"{layers[0]}-{layers[1]}"
         self.root.mkdir(parents=True, exist_ok=True)
 
@@ -112,6 +120,14 @@ class DiskTier:
         """Write an entry covering `tokens`, then evict past the budget. A write that fails (a full
         disk, a cache mlx-lm cannot serialize) is logged and leaves no file: the entry stays in
         memory, the disk tier just does not hold it. Returns the file, or None."""
+        unreadable = sorted({type(c).__name__ for c in cache if not _readable(c)})
+        if unreadable:
+            if not self.refused:  # said once: every entry of this model would be refused alike
+                self.log.warning("cache.disk_unsupported", classes=",".join(unreadable),
+                                 reason="mlx-lm's load_prompt_cache cannot read these caches back; "
+                                        "the entries stay in memory only")
+                self.refused = True
+            return None
         saved = [i for i, c in enumerate(cache) if not _skipped(c)]
         meta = {"format": FORMAT, "model": self.model, "layers": json.dumps(list(self.layers)), "kind": kind,
                 "tokens": json.dumps(list(tokens)), "saved": json.dumps(saved), "length": str(len(cache))}

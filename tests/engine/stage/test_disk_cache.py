@@ -143,3 +143,19 @@ def test_a_failed_write_is_logged_and_leaves_no_file(models, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert tier.write(entry.tokens, rig.stores[0].entries[entry.id].cache, "assistant") is None
     assert any(r.getMessage() == "cache.disk_write_failed" for r in caplog.records)
+
+
+def test_caches_mlx_lm_cannot_read_back_stay_in_memory_and_the_refusal_is_said_once(tmp_path, caplog):
+    """DeepSeek-V4.1 keeps its own LayerCache, which `load_prompt_cache` cannot rebuild: no file is
+    written (one that could never be served), the entries stay in memory, one warning says why."""
+    model = build_family_model(tmp_path / "deepseek_v41", "deepseek_v41")
+    rig = CachedRig(_split(model), 16)
+    rig.run(PROMPT, 2)
+    [entry] = rig.index._entries.values()
+    tier = _tiers(tmp_path / "disk", model, rig.stages)[0]
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert tier.write(entry.tokens, rig.stores[0].entries[entry.id].cache, "assistant") is None
+    said = [r for r in caplog.records if r.getMessage() == "cache.disk_unsupported"]
+    assert len(said) == 1 and not list(tier.root.iterdir())
+    assert rig.stores[0].entries[entry.id].tokens > 0  # still served from memory
