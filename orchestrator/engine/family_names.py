@@ -58,6 +58,7 @@ FAMILIES: dict[str, str] = {
     "lfm2_moe": "LFM2-MoE (hybrid short convolutions)",
     "glm4_moe_lite": "GLM-4.7-Flash (MLA, MoE)",
     "deepseek_v32": "DeepSeek-V3.2 (MLA with sparse indexer, MoE)",
+    "gemma3n": "Gemma 3n text decoder (AltUp streams, per-layer inputs, KV sharing)",
     "deepseek_v41": "DeepSeek-V4.1 (hyper-connection streams, compressed sparse attention, MoE)",
     "kimi_linear": "Kimi-Linear (hybrid delta attention, MLA, MoE)",
     "kimi_k3": "Kimi-K3 (attention residuals: every block's output so far crosses each boundary; hybrid delta "

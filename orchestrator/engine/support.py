@@ -28,7 +28,7 @@ ROW_ATTENTION: dict[str, str] = {"gemma2": "self_attn", "deepseek_v3": "self_att
                                  "minimax_m3_vl": "self_attn", "gpt_bigcode": "attn", "stablelm": "self_attn",
                                  "plamo": "self_attn", "plamo2": "mixer", "longcat_flash_ngram": "self_attn",
                                  "bailing_hybrid": "attention", "gemma4_text": "self_attn", "gemma4": "self_attn",
-                                 "kimi_k3": "self_attn", "afm7": "self_attn"}
+                                 "kimi_k3": "self_attn", "afm7": "self_attn", "gemma3n": "self_attn"}
 # Families whose ROW_ATTENTION applies to the layers of this class only (AFM's KV-reuse layers,
 # handed each request's K/V one entry per row: batch.RowCaches.keys_and_values); their other
 # layers' attention goes through mlx-lm's shared attention, batched.
@@ -52,17 +52,14 @@ ARCHITECTURE_ALIASES: dict[tuple[str, str], str] = {("bailing_hybrid", "BailingM
 
 # Families whose mlx-lm module loads the text decoder of a multimodal checkpoint (its
 # sanitize() drops the vision tower, which no stage then reads): served text-only.
-TEXT_OF_MULTIMODAL = frozenset({"qwen3_5", "qwen3_5_moe", "gemma3", "gemma4", "llama4", "mistral3", "pixtral",
-                                "qwen2_vl", "kimi_k3",
+TEXT_OF_MULTIMODAL = frozenset({"qwen3_5", "qwen3_5_moe", "gemma3", "gemma3n", "gemma4", "llama4", "mistral3",
+                                "pixtral", "qwen2_vl", "kimi_k3",
                                 "qwen3_vl", "qwen3_vl_moe", "kimi_vl", "kimi_k25", "lfm2_vl", "minimax_m3_vl"})
 
 # Every other model module of mlx-lm 0.32.2, refused with the mechanism the split engine
 # lacks for it (or why no split of it can be proven): the agent's report, the planner and
 # the stage all show this reason. docs/families.md lists them.
 REFUSED: dict[str, str] = {
-    "gemma3n": "Gemma 3n runs AltUp's several parallel hidden streams between layers, besides per-layer inputs "
-               "and K/V shared across layers (missing: the AltUp streams across a boundary and its own KV-sharing "
-               "boundaries; per-layer inputs cross as Gemma 4's do)",
     "iquestloopcoder": "IQuest-Coder-Loop runs the whole layer stack loop_num times per token from its model code "
                        "(missing: a step that crosses every stage boundary more than once)",
     "bitnet": "BitNet's BitLinear layers run a Metal-only kernel with no CPU path, so the CPU exactness matrix "
@@ -90,7 +87,10 @@ PASSED_ON: dict[str, int | str] = {"kimi_k3": "blocks", "deepseek_v41": 1}
 
 # Families whose hidden state between layers is several residual streams, [B, L, streams, H]:
 # the config key giving the number of streams (DeepSeek-V4.1's hyper-connections).
-STREAMS: dict[str, str] = {"deepseek_v41": "hc_mult"}
+STREAMS: dict[str, str] = {"deepseek_v41": "hc_mult", "gemma3n": "altup_num_inputs"}
+# Families whose model stacks those streams before the batch axis, [streams, B, L, H] (Gemma 3n's
+# AltUp): the stage moves them behind the length axis for the wire and back.
+STREAMS_FIRST = frozenset({"gemma3n"})
 
 
 def hidden_shape(config: dict[str, Any], hidden: int) -> tuple[int, ...]:
@@ -103,8 +103,10 @@ def hidden_shape(config: dict[str, Any], hidden: int) -> tuple[int, ...]:
 # the per-layer inputs of the layers downstream cross each boundary (engine/stage/carry.py).
 PER_LAYER_INPUTS: dict[str, tuple[str, ...]] = {
     f: ("embed_tokens_per_layer", "per_layer_model_projection", "per_layer_projection_norm")
-    for f in ("gemma4_text", "gemma4")
+    for f in ("gemma4_text", "gemma4", "gemma3n")
 }
+# Families that pass the per-layer input positionally (argument index), not as `per_layer_input=`.
+PER_LAYER_ARG: dict[str, int] = {"gemma3n": 3}
 
 
 def per_layer_width(config: dict[str, Any]) -> int:
@@ -182,7 +184,7 @@ def shared_kv_cuts(config: dict[str, Any]) -> dict[int, str]:
     family = family_of(config)
     if family == "afm7":
         return _kv_reuse_cuts(decoder_view(config))
-    if family not in ("gemma4_text", "gemma4"):
+    if family not in ("gemma4_text", "gemma4", "gemma3n"):
         return {}
     view = decoder_view(config)
     n = int(view.get("num_hidden_layers", 35))
@@ -204,6 +206,17 @@ def shared_kv_cuts(config: dict[str, Any]) -> dict[int, str]:
             cuts.setdefault(b, f"a stage boundary before layer {b} separates KV-shared layer {j} from layer "
                                f"{source}, whose K/V it reuses (layers {source}-{j} must share a stage)")
     return cuts
+
+
+def borrowed_cache_layers(config: dict[str, Any]) -> frozenset[int]:
+    """Layers the model's loop hands another layer's cache, which they only read (Gemma 3n's
+    KV-shared layers: the cache of the last earlier layer of their type): a skipped one must not
+    move it (its owner does)."""
+    if family_of(config) != "gemma3n":
+        return frozenset()
+    view = decoder_view(config)
+    n = int(view.get("num_hidden_layers", 35))
+    return frozenset(range(n - int(view.get("num_kv_shared_layers", 0) or 0), n))
 
 
 def _kv_reuse_cuts(view: dict[str, Any]) -> dict[int, str]:

@@ -271,6 +271,16 @@ def _minimax_m3(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     return tuple(with_index if is_sparse(i) else attn for i in range(n))
 
 
+def _gemma3n(cfg: dict[str, Any], n: int, dt: int) -> Layers:
+    # make_cache() covers the layers before the KV-shared ones (a RotatingKVCache per sliding
+    # layer, a KVCache per global one); the last num_kv_shared_layers read those and keep none.
+    attn, window = attention(cfg, dt), int(get(cfg, "sliding_window", 512))
+    first_shared = n - int(get(cfg, "num_kv_shared_layers", 0))
+    types = list(get(cfg, "layer_types", ["full_attention"] * n))
+    return tuple(NONE if i >= first_shared else sliding(attn, window) if types[i] == "sliding_attention" else attn
+                 for i in range(n))
+
+
 def _gemma4(cfg: dict[str, Any], n: int, dt: int) -> Layers:
     # Sliding layers: head_dim and num_key_value_heads in a RotatingKVCache; global layers:
     # global_head_dim and num_global_key_value_heads; the last num_kv_shared_layers reuse
@@ -314,7 +324,7 @@ RULES: dict[str, Rule] = {
     "nemotron_h": _nemotron_h, "granitemoehybrid": _granitemoehybrid, "falcon_h1": _falcon_h1, "jamba": _jamba,
     "lfm2": _lfm2, "lfm2_moe": _lfm2, "kimi_linear": _kimi_linear, "kimi_k3": _kimi_linear,
     "deepseek_v3": _mla, "glm4_moe_lite": _mla, "mistral4": _mla, "deepseek_v32": _deepseek_v32,
-    "deepseek_v41": _deepseek_v41,
+    "deepseek_v41": _deepseek_v41, "gemma3n": _gemma3n,
     "glm_moe_dsa": _deepseek_v32, "longcat_flash": _longcat_flash, "bailing_moe_v3": _bailing_moe_v3,
     "deepseek_v2": _deepseek_v2,
     # Text decoders of multimodal checkpoints (the decoder view of describe.py).

@@ -107,6 +107,28 @@ CARRIED = MappingProxyType({
         text_model_type="kimi_k3_text",
         tower="vision_tower",
     ),
+    "gemma3n": FamilySpec(
+        "gemma3n",
+        {"hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128, "num_attention_heads": 4,
+         "head_dim": 16, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "num_kv_shared_layers": 2,
+         "vocab_size_per_layer_input": _VOCAB, "sliding_window": 8, "max_position_embeddings": 2048,
+         "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+         "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                         "sliding_attention", "full_attention"],
+         "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0], "hidden_size_per_layer_input": 8,
+         "altup_num_inputs": 4, "altup_coef_clip": 120.0, "altup_correct_scale": True, "altup_active_idx": 0,
+         "laurel_rank": 16},
+        _PATTERN,
+        "Gemma 3n as published: its decoder under text_config beside vision and audio towers; AltUp's four "
+        "hidden streams stacked before the batch axis, per-layer inputs from the token ids, the last two layers "
+        "attending over layer 3's / 2's cache (KV sharing), top-k sparse GELU in the first two MLPs",
+        embed_std=0.125,
+        text_config=True,
+        text_model_type="gemma3n_text",
+        tower="model.vision_tower",
+        outer={"audio_config": {"model_type": "gemma3n_audio", "hidden_size": 32, "num_hidden_layers": 12}},
+        fills=(("correct_output_scale", 1.0),),
+    ),
     "deepseek_v41": FamilySpec(
         "deepseek_v41",
         {"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4, "head_dim": 32, "q_lora_rank": 32,

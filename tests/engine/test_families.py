@@ -40,7 +40,7 @@ MOE = {name for name, spec in FAMILIES.items() if spec.moe}
 _GEMMA4_SPLITS = [[(0, 1), (1, 6)], [(0, 2), (2, 6)], [(0, 1), (1, 2), (2, 6)]]
 # AFM's KV-reuse layers (4, 5) attend over layer 3's K/V: boundaries 4 and 5 are refused
 # (test_a_boundary_before_afm7_kv_reuse_layers_is_refused); its splits cut at 1, 2 and 3.
-SPLITS = {"gemma4_text": _GEMMA4_SPLITS, "gemma4": _GEMMA4_SPLITS,
+SPLITS = {"gemma4_text": _GEMMA4_SPLITS, "gemma4": _GEMMA4_SPLITS, "gemma3n": _GEMMA4_SPLITS,
           "afm7": [[(0, 1), (1, 6)], [(0, 3), (3, 6)], [(0, 1), (1, 3), (3, 6)]]}
 
 
@@ -109,7 +109,8 @@ def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
 # v_first, the normalised embedding, attention residuals, residual streams with compressed K/V, top-k picks
 # and candidate flags) between real processes
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_next", "nemotron_h", "jamba",
-                                    "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41"])
+                                    "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41",
+                                    "gemma3n"])
 def test_real_stages_serve_concurrent_requests_like_solo_runs(family_model, launch, family):
     """Real stage processes over TCP; three requests at once, each with its solo tokens."""
     model = family_model(family)

@@ -36,6 +36,7 @@ LAYOUTS = {
     "longcat_flash": "num_layers instead of num_hidden_layers",
     "llama": "flat num_hidden_layers (the common case)",
     "deepseek_v41": "text_config nested; residual streams, their pre-mix and compressed K/V cross the boundaries",
+    "gemma3n": "text_config nested beside vision and audio towers; AltUp streams and per-layer inputs cross",
 }
 
 

@@ -47,8 +47,8 @@ def test_every_shipped_module_is_served_or_refused_with_its_mechanism() -> None:
 
 
 @pytest.mark.parametrize("model_type,fragment", [
-    ("gemma3n", "the AltUp streams across a boundary"),
     ("iquestloopcoder", "more than once"),
+    ("bitnet", "Metal-only kernel"),
 ])
 def test_the_refusal_reason_reaches_the_agent_planner_and_stage(tmp_path: Path, model_type: str,
                                                                 fragment: str) -> None:

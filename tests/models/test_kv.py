@@ -143,6 +143,7 @@ TABLE = {
     # its LayerCache: a window of 8 single-head rows (head_dim 32, keys and values at once) everywhere;
     # layer 1 also keeps one compressed entry (32) and index key (16) per 4 tokens
     "deepseek_v41": {"sliding": (32 * F32, 8), "attention": (32 + 16) * F32 // 4},
+    "gemma3n": {"attention": STANDARD, "sliding": (STANDARD, 8), "none": 0},  # the KV-shared last two: none
 }
 
 

@@ -133,6 +133,9 @@ class RowSplitAttention(nn.Module):
                 return value.masks[b]
             if isinstance(value, mx.array) and value.ndim >= 2 and value.shape[0] == rows > 1:
                 return value[b:b + 1]  # a per-row input beside the hidden state (Mistral 4's attention scale)
+            if isinstance(value, mx.array) and value.ndim == 1 and value.shape[0] == rows > 1 \
+                    and mx.issubdtype(value.dtype, mx.integer):
+                return value[b]  # per-row positions (Gemma 3n hands its attention the first cache's offsets)
             return value
 
         rows = x.shape[0]

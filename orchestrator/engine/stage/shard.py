@@ -123,8 +123,10 @@ class StageModel:
         hidden_at = support.HIDDEN_AT.get(family, 0)
         handed_at = support.HANDED_ON.get(family, (0, ()))[0]
         passes = support.PASSED_ON.get(family)
+        leading = 1 if family in support.STREAMS_FIRST else 0
+        borrowed = support.borrowed_cache_layers(config)
         for i in [*range(start), *range(end, n)]:
-            layers[i] = Skip(layers[i], returns, hidden_at, passes)
+            layers[i] = Skip(layers[i], returns, hidden_at, passes, leading, advances=i not in borrowed)
         row_attention = support.row_attention(config)
         if row_attention:
             only = support.ROW_ATTENTION_LAYERS.get(family)
@@ -138,6 +140,8 @@ class StageModel:
         # DeepSeek-V4.1: residual streams, their pre-mix and shared state cross (hyper_streams.py).
         self._streams = hyper_streams(family, decoder_view(config), start, end, self.last)
         self.hidden_shape = support.hidden_shape(config, self.info.hidden_size)
+        # [streams, B, L, H] in the model, [B, L, streams, H] on the wire (Gemma 3n's AltUp)
+        self._streams_first = family in support.STREAMS_FIRST
         self._exit = None if self.last else Exit(layers[end - 1], keep_arg=given[0] if given else None,
                                                  keep_keywords=self._streams is not None)
         if self._exit is not None:
@@ -155,7 +159,7 @@ class StageModel:
         self.extras_in: dict[str, tuple[int, ...]] = {}
         if self._feed is not None:
             for i in range(start if not self.first else end, n if not (self.first and self.last) else 0):
-                layers[i] = PerLayer(layers[i], i, self._feed)
+                layers[i] = PerLayer(layers[i], i, self._feed, support.PER_LAYER_ARG.get(family))
             if not self.first:
                 self.extras_in = {PER_LAYER: (n - start, width)}
         # What a layer hands the next one beside the hidden state, when a boundary falls between.
@@ -239,12 +243,14 @@ class StageModel:
                 handed = (self._handed_at, value if self._handed_codec is None else self._handed_codec.from_wire(value))
             x = x.h
         if self._entry is not None:
-            self._entry.feed(x, handed, before)
+            self._entry.feed(mx.moveaxis(x, 2, 0) if self._streams_first else x, handed, before)
             x = mx.zeros(x.shape[:2], mx.int32)  # token ids the embedding stand-in turns into zeros
         out = self._model(x, cache=cache)
         if self._exit is None:
             return out
         h, *rest = self._exit.take_all()
+        if self._streams_first:
+            h = mx.moveaxis(h, 0, 2)
         extras = {} if self._feed is None else {PER_LAYER: self._feed.outgoing()}
         if self._handed_out:
             value = rest[0] if self._handed_codec is None else self._handed_codec.to_wire(rest[0])

@@ -161,20 +161,24 @@ class Skip(_Mimic):
     blocks, DeepSeek-V4.1's pre-mix).
     """
 
-    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0, passes: int | str | None = None) -> None:
+    def __init__(self, layer: nn.Module, returns: int = 1, hidden_at: int = 0, passes: int | str | None = None,
+                 leading: int = 0, advances: bool = True) -> None:
         super().__init__(layer)
         _copy_plain(layer, self)
         object.__setattr__(self, "_returns", returns)
         object.__setattr__(self, "_hidden_at", hidden_at)
         object.__setattr__(self, "_passes", passes)
+        object.__setattr__(self, "_leading", leading)  # axes before the batch (Gemma 3n's AltUp streams)
+        object.__setattr__(self, "_advances", advances)  # False: the cache it is handed is another layer's
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         passes = self.__dict__["_passes"]
         # handed on as it came (support.PASSED_ON: the model's code reads it after the loop)
         passed = kwargs.get(passes) if isinstance(passes, str) else None if passes is None else args[passes]
         x, args, kwargs = hidden_argument(args, kwargs, self.__dict__["_hidden_at"])
-        for cache in _caches_in(args, kwargs):
-            _advance(cache, x.shape[1], x.shape[0])
+        lead = self.__dict__["_leading"]
+        for cache in _caches_in(args, kwargs) if self.__dict__["_advances"] else ():
+            _advance(cache, x.shape[lead + 1], x.shape[lead])
         returns = self.__dict__["_returns"]
         if passes is not None:
             return x, passed
@@ -252,6 +256,10 @@ class Exit(_Wrapper):
         at = self.__dict__["_keep_arg"]
         if at is not None:
             object.__setattr__(self, "_kept", args[at])
+        if isinstance(out, mx.array):
+            # The model's code after its loop may write into the array it gets (Gemma 3n's
+            # `h[1:] = ...`, in place): it gets its own handle, the kept output stays as it was.
+            return mx.stop_gradient(out)
         return out
 
     def kept(self) -> mx.array:
@@ -313,13 +321,18 @@ class PerLayer(_Wrapper):
     """A layer (run or skipped) whose per-layer input comes from the stage's `PerLayerFeed`
     (engine/stage/carry.py): the received one beyond the first stage, kept when downstream."""
 
-    def __init__(self, layer: nn.Module, index: int, feed: Any) -> None:
+    def __init__(self, layer: nn.Module, index: int, feed: Any, at: int | None = None) -> None:
         super().__init__(layer)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_feed", feed)
+        object.__setattr__(self, "_at", at)  # the argument's position (Gemma 3n), else the keyword
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["per_layer_input"] = self._feed.given(self._index, kwargs.get("per_layer_input"))
+        at = self.__dict__["_at"]
+        if at is not None and len(args) > at:
+            args = (*args[:at], self._feed.given(self._index, args[at]), *args[at + 1:])
+        else:
+            kwargs["per_layer_input"] = self._feed.given(self._index, kwargs.get("per_layer_input"))
         return self.layer(*args, **kwargs)
 
 
