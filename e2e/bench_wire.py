@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAMILIES = ("llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41")
+FAMILIES = ("llama", "gemma4_text", "gemma3n", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41")
 # DeepSeek-V4.1's frames depend on the position (a compressed entry every `ratio` tokens, top-k picks
 # and candidate flags that grow with the context): its rows average STEPS decode steps from the prompt's
 # end against the planner's per-token figure at each of those positions (engine/hyper_layout.py).
@@ -46,7 +46,7 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
     """(family, boundary, planned, measured) bytes per decoded token, header included."""
     import mlx.core as mx
 
-    from orchestrator.engine import hyper_layout, support, wire
+    from orchestrator.engine import hyper_layout, wire
     from orchestrator.engine.stage.carry import Carry
     from orchestrator.engine.stage.shard import StageModel
     from orchestrator.engine.tensors import to_frame
@@ -65,7 +65,7 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
             stage = StageModel(model_dir, 0, b)
             cache = stage.make_cache()
             mx.eval(stage.forward(mx.array(PROMPT)[None], cache))
-            steps = STEPS if family in support.STREAMS else 1
+            steps = STEPS if family == hyper_layout.FAMILY else 1
             sent = 0
             for i in range(steps):
                 out = stage.forward(mx.array([7 + i])[None], cache)
@@ -74,7 +74,7 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
                 frame = to_frame(1, position, out.h, extras=out.extras) if isinstance(out, Carry) else to_frame(
                     1, position, out)
                 sent += len(wire.encode(frame))
-            if family in support.STREAMS:
+            if family == hyper_layout.FAMILY:
                 view = decoder_view(json.loads((model_dir / "config.json").read_text()))
                 planned = sum(hyper_layout.wire_bytes_per_token(view, b, len(PROMPT) + i, description.hidden_size,
                                                                 description.dtype_bytes) for i in range(steps)) / steps

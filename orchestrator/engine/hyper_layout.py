@@ -22,6 +22,8 @@ from typing import Any
 
 from orchestrator.engine.wire import named_directory_bytes
 
+FAMILY = "deepseek_v41"  # the family whose boundaries these rules describe
+
 
 def _get(view: dict[str, Any], key: str, default: Any) -> Any:
     value = view.get(key)

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict
 from orchestrator.engine import hyper_layout
 from orchestrator.engine.support import (
     PER_LAYER_INPUTS,
-    STREAMS,
     boundary_tensors,
     family_of,
+    hidden_shape,
     shared_kv_cuts,
     unsupported_reason,
 )
@@ -452,7 +452,7 @@ WIRE_POSITION = 4096
 def _received_cache(cfg: dict[str, Any], num_layers: int, dt: int) -> tuple[int, ...]:
     """Cache bytes per token the stage starting at each boundary keeps of what it receives
     (ModelDescription.received_cache_bytes); () when no family's stage keeps any."""
-    if family_of(cfg) not in STREAMS:
+    if family_of(cfg) != hyper_layout.FAMILY:
         return ()
     view = decoder_view(cfg)
     return tuple(hyper_layout.received_bytes_per_token(view, b, dt) for b in range(1, num_layers))
@@ -462,7 +462,7 @@ def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) 
     """Wire bytes per token at each boundary (ModelDescription.boundary_bytes); () when every
     boundary carries the hidden state alone."""
     out = []
-    if family_of(cfg) in STREAMS:  # DeepSeek-V4.1: its residual streams and shared state, at WIRE_POSITION
+    if family_of(cfg) == hyper_layout.FAMILY:  # DeepSeek-V4.1: its residual streams and shared state, at WIRE_POSITION
         view = decoder_view(cfg)
         for b in range(1, num_layers):
             out.append(round(hyper_layout.wire_bytes_per_token(view, b, WIRE_POSITION, hidden, dt)))
@@ -472,6 +472,6 @@ def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) 
         if not extras:
             out.append(hidden * dt)
             continue
-        shapes = {"h": (1, 1, hidden), **{k: (1, 1, *v) for k, v in extras.items()}}
+        shapes = {"h": (1, 1, *hidden_shape(cfg, hidden)), **{k: (1, 1, *v) for k, v in extras.items()}}
         out.append(sum(math.prod(v) for v in shapes.values()) * dt + named_directory_bytes(shapes))
     return tuple(out) if any(x != hidden * dt for x in out) else ()

@@ -18,6 +18,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from orchestrator.engine.hyper_layout import FAMILY
 from orchestrator.engine.tensors import Expected
 
 STREAMS_MIX = "pre_mix"  # the NAMED frame's name of the pre-mix; the streams are its `h`
@@ -79,4 +80,4 @@ class HyperStreams:
 
 def hyper_streams(family: str, view: dict[str, Any], start: int, end: int, last: bool) -> HyperStreams | None:
     """The boundary codec of a family whose hidden state is residual streams (support.STREAMS)."""
-    return HyperStreams(view, start, end, last) if family == "deepseek_v41" else None
+    return HyperStreams(view, start, end, last) if family == FAMILY else None
