@@ -92,7 +92,10 @@ def from_frame_with(frame: Frame, *, hidden: int | tuple[int, ...], dtype: mx.Dt
     if not extras:  # (a function of L always declares some)
         if frame.flags & Flag.NAMED:
             raise ValueError("this stage takes the hidden state alone, not a NAMED frame")
-        return from_frame(frame, first=False, hidden=hidden, vocab=0, dtype=dtype), {}
+        width = hidden if isinstance(hidden, int) else hidden[-1]
+        if not isinstance(hidden, int) and len(hidden) != 1:
+            raise ValueError(f"a hidden state of shape {tuple(hidden)} after [1, L] crosses in a NAMED frame")
+        return from_frame(frame, first=False, hidden=width, vocab=0, dtype=dtype), {}
     if not frame.flags & Flag.NAMED:
         raise ValueError(f"this stage takes a NAMED frame of h and {', '.join(extras)}")
     tensors = named_tensors(frame)

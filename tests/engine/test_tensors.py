@@ -22,6 +22,8 @@ def test_hidden_alone_is_the_one_tensor_frame():
     assert (f.dtype, f.shape, f.flags, len(f.payload)) == (DType.BFLOAT16, (1, 3, H), Flag.SAMPLE, 3 * H * 2)
     x, extras = from_frame_with(f, hidden=H, dtype=mx.bfloat16, extras={})
     assert extras == {} and mx.array_equal(x, h).item() and x.dtype == mx.bfloat16
+    x, _ = from_frame_with(f, hidden=(H,), dtype=mx.bfloat16, extras={})  # a stage's hidden_shape
+    assert mx.array_equal(x, h).item()
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
