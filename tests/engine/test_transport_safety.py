@@ -208,11 +208,11 @@ GARBAGE = [
     pytest.param(b"GET / HTTP/1.1\r\nHost: stage\r\n\r\n", "did not start with PSHC", id="http"),
     pytest.param(bytes.fromhex("160301020001000200") + b"\0" * 60, "did not start with PSHC", id="tls-client-hello"),
     pytest.param(PING, "did not start with PSHC", id="frame-before-handshake"),
-    pytest.param(b"PSHC\x03\x04\x0bcoordinator" + b"\0" * 64, "handshake version 3, this build 2", id="future-version"),
-    pytest.param(b"PSHC\x02\x03\x0bcoordinator" + b"\0" * 64, "wire version 3, this build 4", id="older-frames"),
-    pytest.param(b"PSHC\x02\x04\x00" + b"\0" * 64, "malformed handshake", id="empty-role"),
-    pytest.param(b"PSHC\x02\x04\x0bcoordinator" + b"\0" * 64, "wrong cluster secret", id="zero-mac"),
-    pytest.param(b"PSHC\x02\x04\xff" + b"x" * 40, "peer closed the connection", id="truncated-then-close"),
+    pytest.param(b"PSHC\x03\x05\x0bcoordinator" + b"\0" * 64, "handshake version 3, this build 2", id="future-version"),
+    pytest.param(b"PSHC\x02\x03\x0bcoordinator" + b"\0" * 64, "wire version 3, this build 5", id="older-frames"),
+    pytest.param(b"PSHC\x02\x05\x00" + b"\0" * 64, "malformed handshake", id="empty-role"),
+    pytest.param(b"PSHC\x02\x05\x0bcoordinator" + b"\0" * 64, "wrong cluster secret", id="zero-mac"),
+    pytest.param(b"PSHC\x02\x05\xff" + b"x" * 40, "peer closed the connection", id="truncated-then-close"),
     pytest.param(b"\0" * 3, "peer closed the connection", id="three-bytes-then-close"),
 ]
 
@@ -242,7 +242,7 @@ def test_silent_clients_do_not_block_the_stage_and_time_out(live_pipeline, clust
     t0 = time.monotonic()
     silent = [raw_connect(cluster, 0), raw_connect(cluster, 1), raw_connect(cluster, 0)]
     half = raw_connect(cluster, 0)
-    half.sendall(b"PSHC\x02\x04")  # 6 of the 7 head bytes, then nothing
+    half.sendall(b"PSHC\x02\x05")  # 6 of the 7 head bytes, then nothing
     try:
         assert_serves(live_pipeline, cluster)  # while they are all connected
         for sock in silent + [half]:
@@ -275,7 +275,7 @@ def test_a_trickled_handshake_is_dropped_at_its_deadline(live_pipeline, cluster)
     """One byte every second used to reset the 5 s per-read timeout forever; the whole
     handshake now has HANDSHAKE_TIMEOUT, however the bytes trickle."""
     sock = raw_connect(cluster)
-    trickle = b"PSHC\x02\x04\xff" + b"r" * 300  # a valid head announcing a long role: the stage waits for it
+    trickle = b"PSHC\x02\x05\xff" + b"r" * 300  # a valid head announcing a long role: the stage waits for it
     t0 = time.monotonic()
     closed_after = None
     with sock:

@@ -119,7 +119,7 @@ def test_stage_refusal_shows_the_closest_attempt() -> None:
 
 @pytest.mark.parametrize("model,kwargs,why", [
     (llama(model_type="bert"), {}, "model family 'bert' is not verified exact"),
-    (llama(model_type="gemma3n"), {}, "model family 'gemma3n': Gemma 3n runs AltUp's several parallel hidden"),
+    (llama(model_type="iquestloopcoder"), {}, "model family 'iquestloopcoder': IQuest-Coder-Loop runs the whole layer"),
     # The agent could not describe it (an unknown family's tensors are laid out differently):
     # the report's registry verdict still gives the real reason, not a format complaint.
     (None, dict(mlx_format=False, format_reason="no tensors for layer(s) 0-11",

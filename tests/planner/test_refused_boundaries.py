@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.engine.support import shared_kv_cuts
+from orchestrator.engine.wire import named_directory_bytes
 from orchestrator.models.decoder_config import read_config_file
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, plan_cluster
@@ -53,11 +54,13 @@ def test_a_manual_split_at_a_refused_boundary_is_refused() -> None:
 
 def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(tmp_path: Path) -> None:
     """Per boundary, the planner's bytes per token equal the decode frame the first stage encodes
-    (NAMED frames for Gemma 4, Hunyuan, RWKV-7, Talkie and Kimi-K3; the one-tensor frame for Llama)."""
+    (NAMED frames for Gemma 4 and 3n, Hunyuan, RWKV-7, Talkie, Kimi-K3 and DeepSeek-V4.1, whose rows average
+    eight decode steps; the one-tensor frame for Llama)."""
     from e2e.bench_wire import measured_rows
 
     rows = measured_rows(tmp_path)
-    assert {f for f, _, _, _ in rows} == {"llama", "gemma4_text", "hunyuan", "rwkv7", "talkie", "kimi_k3"}
+    assert {f for f, _, _, _ in rows} == {"llama", "gemma4_text", "gemma3n", "hunyuan", "rwkv7", "talkie", "kimi_k3",
+                                          "deepseek_v41"}
     assert [(f, b, p) for f, b, p, m in rows if p != m] == []
     by = {(f, b): p for f, b, p, _ in rows}
     assert by["llama", 1] == 36 + 64 * 4  # the one-tensor frame: header + hidden state
@@ -66,6 +69,11 @@ def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(tmp_path: Path) -> 
     assert by["talkie", 1] == by["talkie", 3] > by["llama", 1] + 64 * 4  # the embedding beside the hidden state
     # one more block of attention residuals [64 floats] beyond each block start (layers 0, 2, 4)
     assert by["kimi_k3", 1] == by["kimi_k3", 2] < by["kimi_k3", 3] == by["kimi_k3", 4] < by["kimi_k3", 5]
+    assert by["gemma3n", 1] > by["gemma4_text", 1] + 3 * 64 * 4  # four AltUp streams, not one hidden state
+    # the streams and pre-mix alone before layer 1; the shared parts the later layers read beyond
+    streams = named_directory_bytes({"h": (1,) * 4, "pre_mix": (1,) * 3}) + 4 * 64 * 4 + 4 * 4
+    assert by["deepseek_v41", 1] == 36 + streams
+    assert min(by["deepseek_v41", b] for b in (2, 3, 4, 5)) > by["deepseek_v41", 1]
 
 
 def test_the_plan_times_the_widest_boundary() -> None:

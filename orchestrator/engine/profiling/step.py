@@ -69,11 +69,15 @@ class _StandInModel:
         self.layer_range, self.weight_bytes = (0, 1), 0
         self.model_dir = Path()  # no tokenizer: a profiled step is never constrained by a grammar
         self.extras_in: dict[str, tuple[int, ...]] = {}  # only the hidden state crosses its boundary
+        self.hidden_shape = (info.hidden_size,)
         self._hidden = mx.zeros((1, 1, info.hidden_size), dtype)
         # The head's math is timed with the layers (head_ms); real-size logits here make the
         # sampler's log-softmax, argmax and `.item()` reads cost what they do when serving.
         self._logits = mx.random.normal((1, 1, info.vocab_size))
         mx.eval(self._hidden, self._logits)
+
+    def expects(self, position: int) -> dict[str, tuple[int, ...]]:
+        return self.extras_in
 
     def make_cache(self) -> list[Any]:
         return []
