@@ -132,11 +132,20 @@ class ClusterSpec(BaseModel):
     # per pass; 0 turns it off. Off by itself for models whose caches cannot roll back (engine/stage/speculate.py).
     # Default off: the measurements so far (docs/benchmark.md, "Speculative decoding") showed no gain.
     speculative_tokens: int = Field(default=0, ge=0, le=16)
+    # A small model with the served model's tokenizer, in this directory on the coordinator's node, drafts
+    # instead of prompt lookup (engine/coordinator/draft_model.py); needs speculative_tokens > 0.
+    draft_model: str | None = Field(default=None, min_length=1)
 
     @property
     def prompt_cache_budget(self) -> int:
         """The per-stage prompt-cache budget in bytes."""
         return DEFAULT_PROMPT_CACHE_BYTES if self.prompt_cache_bytes is None else self.prompt_cache_bytes
+
+    @model_validator(mode="after")
+    def _draft(self) -> "ClusterSpec":
+        if self.draft_model is not None and self.speculative_tokens == 0:
+            raise ConfigError("draft_model drafts for speculative decoding: set speculative_tokens (1-16) too")
+        return self
 
     @field_validator("tensor_parallel_size")
     @classmethod

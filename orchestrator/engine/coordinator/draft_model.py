@@ -60,6 +60,7 @@ class DraftModel:
     `max_requests`)."""
 
     def __init__(self, model_dir: Path, target_dir: Path | None = None, max_requests: int = 64) -> None:
+        from mlx.utils import tree_flatten
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_model
 
@@ -75,6 +76,7 @@ class DraftModel:
             raise DraftModelError(f"the draft model {model_dir} keeps caches that cannot roll back "
                                   "(a recurrent state or a sliding window): it cannot follow verification")
         self._make_cache = lambda: make_prompt_cache(self.model)
+        self.weight_bytes = sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
         self.max_requests = max_requests
         self._requests: OrderedDict[int, _Request] = OrderedDict()
 
@@ -124,6 +126,3 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def load_draft_model(path: str | None, target_dir: Path) -> DraftModel | None:
-    """The cluster's draft model (ClusterSpec.draft_model), or None when it has none."""
-    return None if path is None else DraftModel(Path(path), target_dir)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator import logs
 from orchestrator.engine.config import ConfigError, load_config, read_secret
+from orchestrator.engine.coordinator.draft_model import DraftModel, DraftModelError, check_same_tokenizer
 from orchestrator.engine.coordinator.health_report import HealthReport, control_token
 from orchestrator.engine.parent_watch import watch_parent
 from orchestrator.engine.stage.faults import Faults
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"node {node.id!r} has role {node.role!r}, not coordinator/hybrid")
         secret = read_secret(config, args.config)
         decoder = read_decoder_facts(args.model)  # the stages' and the planner's reading too
+        if config.cluster.draft_model is not None:  # before the port: a wrong draft model changes nothing
+            check_same_tokenizer(args.model, Path(config.cluster.draft_model))
     except (ConfigError, ModelConfigError, OSError, ValueError) as exc:
         log.error("config.invalid", reason=exc)
         return 2
@@ -77,6 +80,15 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model)
     pipeline.eos_ids = set(tokenizer.eos_token_ids)
     log.info("tokenizer.loaded", pipeline=pipeline.health.state)
+    if config.cluster.draft_model is not None:
+        try:
+            pipeline.drafter = DraftModel(Path(config.cluster.draft_model))  # its tokenizer was checked above
+        except DraftModelError as exc:
+            log.error("config.invalid", reason=exc)
+            pipeline.stop()
+            server.shutdown()
+            return 2
+        log.info("draft.loaded", model=config.cluster.draft_model, weight_bytes=pipeline.drafter.weight_bytes)
     server.app = build_app(Coordinator(pipeline, tokenizer, name, metrics, log, secret, args.model))
     stop = threading.Event()
 

@@ -20,6 +20,7 @@ from typing import Callable
 
 from orchestrator.engine.config import ClusterConfig
 from orchestrator.engine.coordinator.disk_adoption import DiskAdoption
+from orchestrator.engine.coordinator.draft_model import DraftModel
 from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 from orchestrator.engine.coordinator.generation import (
     Failed,
@@ -90,6 +91,8 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
         # to drive verification through chosen accepts and rejections.
         self.draft_source: Callable[[list[int], int], list[int]] | None = None
+        # The cluster's draft model (main.py loads it): drafts instead of prompt lookup; this thread runs it.
+        self.drafter: DraftModel | None = None
         # Draft only in steps of one request: a verification chunk runs outside the batched decode, and at
         # 4 concurrent requests drafting in every step halved the aggregate (docs/benchmark.md). Tests turn
         # it off to drive steps that mix speculating and plain requests.
@@ -388,6 +391,8 @@ class Pipeline(Liveness, PromptCaching, Speculating):
 
     def _finish(self, a: _Active, event: Finished | Failed | None, save: bool = True) -> None:
         self._active.pop(a.rid, None)
+        if self.drafter is not None:
+            self.drafter.forget(a.rid)
         if event is not None:
             a.gen.events.put(event)
         if a.canary:

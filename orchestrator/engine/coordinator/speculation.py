@@ -1,8 +1,9 @@
 """The coordinator's side of speculative decoding: what a request drafts, and what its passes accepted.
 
 The scheduler thread (`pipeline.Pipeline`) owns this state with everything else. A request that
-may speculate (`_Active.lookup`) drafts tokens by prompt lookup (`drafting.Lookup`) for its next
-step, up to its adaptive length (`drafting.DraftLength`); the last stage verifies them and sends
+may speculate (`_Active.lookup`) drafts tokens by prompt lookup (`drafting.Lookup`), or with the
+cluster's draft model (`draft_model.DraftModel`), for its next step, up to its adaptive length
+(`drafting.DraftLength`); the last stage verifies them and sends
 the accepted ones plus one as a RUN of RESULTs (engine/stage/speculate.py). Drafting starts once
 every stage's PONG said its caches roll back exactly.
 """
@@ -15,6 +16,7 @@ from orchestrator.engine.coordinator.links import StageLink
 from orchestrator.engine.coordinator.metrics import Metrics
 
 if TYPE_CHECKING:
+    from orchestrator.engine.coordinator.draft_model import DraftModel
     from orchestrator.engine.coordinator.pipeline import _Active
 
 
@@ -28,6 +30,7 @@ class Speculating:
     _active: dict[int, "_Active"]
     _passes: dict[int, list[int]]  # request -> [drafted, RESULTs received] of its pass in flight
     draft_source: Callable[[list[int], int], list[int]] | None
+    drafter: "DraftModel | None"
 
     def _speculation_possible(self) -> bool:
         """Every stage reported caches that roll back exactly (their PONG stats, engine/stage/speculate.py)."""
@@ -41,7 +44,11 @@ class Speculating:
         room = min(a.length.next(), a.gen.params.max_tokens - a.generated - 1, self.context_length - a.position - 2)
         if room <= 0:
             return []
-        return a.lookup.draft(room) if self.draft_source is None else self.draft_source(a.lookup.tokens, room)[:room]
+        if self.draft_source is not None:
+            return self.draft_source(a.lookup.tokens, room)[:room]
+        if self.drafter is not None:
+            return self.drafter.draft(a.rid, a.lookup.tokens, room)
+        return a.lookup.draft(room)
 
     def _end_pass(self, rid: int) -> None:
         """A verification pass came back whole: count it, adapt the request's draft length."""
