@@ -120,6 +120,14 @@ def _context_length() -> int:
         if request.form.get("context_length") else 4096
 
 
+def _draft_model(model: str) -> str | None:
+    """The launch form's draft model: a model id, or None (prompt lookup)."""
+    draft = (request.form.get("draft_model") or "").strip()
+    if draft and draft == model:
+        raise FormError("Draft model: choose a smaller model than the one served, or none")
+    return draft or None
+
+
 @bp.post("/cluster/plan")
 @admin_required
 def preview_plan():
@@ -128,7 +136,7 @@ def preview_plan():
     before = orch.state.plan
     try:
         model, nodes = selection(request.form)
-        orch.preview_plan(model, nodes, _context_length())
+        orch.preview_plan(model, nodes, _context_length(), draft_model=_draft_model(model))
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Preview shard plan: {exc}")
     try:
@@ -169,7 +177,8 @@ def launch():
     orch = current_services().orchestrator
     try:
         model, nodes = selection(request.form)
-        orch.launch_cluster(model, nodes, _context_length())  # refused while the nodes serve it (decide.py)
+        # refused while the nodes serve it (decide.py)
+        orch.launch_cluster(model, nodes, _context_length(), draft_model=_draft_model(model))
     except (FormError, CommandRefused) as exc:
         return _refused_in_form(f"Launch cluster: {exc}")
     return _accepted_in_form(_component("cluster-monitor"))

@@ -70,6 +70,7 @@ class PreviewPlan:
     concurrency: int = 4
     manual_split: Split | None = None
     measure: bool = True
+    draft_model: str | None = None  # a model id that drafts for speculative decoding (on the coordinator's node)
     only_if_shown: bool = False  # a preview again after measuring: only while this plan is still the one shown
 
 
@@ -84,6 +85,7 @@ class LaunchCluster:
     context_length: int = 4096
     concurrency: int = 4
     manual_split: Split | None = None
+    draft_model: str | None = None  # a model id that drafts for speculative decoding (on the coordinator's node)
 
 
 @dataclass(frozen=True)

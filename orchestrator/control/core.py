@@ -246,19 +246,22 @@ class Orchestrator:
 
     # --- plans and sessions --------------------------------------------------------------
     def preview_plan(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
-                     manual_split: list[tuple[int, int]] | None = None, *, measure: bool = True) -> "Plan | Refusal":
+                     manual_split: list[tuple[int, int]] | None = None, *, measure: bool = True,
+                     draft_model: str | None = None) -> "Plan | Refusal":
         """Plan (read-only; nothing starts) and show the result to every viewer; with `measure`,
         links and layer timings the plan lacks are measured in the background and the plan is
-        previewed again with its prediction (control/perf.py)."""
+        previewed again with its prediction (control/perf.py). `draft_model`: a model id that
+        drafts for speculative decoding on the coordinator's node (its memory counted there)."""
         decision = self.command(PreviewPlan(model_id, tuple(node_ids), context_length, concurrency,
-                                             _split(manual_split), measure))
+                                             _split(manual_split), measure, draft_model=draft_model))
         return _previewed(decision).result
 
     def launch_cluster(self, model_id: str, node_ids: list[str], context_length: int = 4096, concurrency: int = 4,
-                       manual_split: list[tuple[int, int]] | None = None) -> Session:
+                       manual_split: list[tuple[int, int]] | None = None, draft_model: str | None = None) -> Session:
         """Plan and launch a cluster; refused (CommandRefused) when the planner refuses or nodes are not ready."""
         return _created(self.command(LaunchCluster(model_id, tuple(node_ids), new_session_id(), time.time(),
-                                                    context_length, concurrency, _split(manual_split))))
+                                                    context_length, concurrency, _split(manual_split),
+                                                    draft_model)))
 
     def launch_single(self, model_id: str, node_id: str, context_length: int = 4096, concurrency: int = 4) -> Session:
         """Serve the whole model from one node (the baseline session, same machinery); refused when

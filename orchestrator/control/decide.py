@@ -115,6 +115,7 @@ class MeasureAfterPreview:
     manual_split: Split | None
     links: bool  # measure the links between the nodes
     timing: bool  # time the model's layers on a node that holds it
+    draft_model: str | None = None  # the preview's draft model, previewed again with it
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,12 @@ def _prepare(state: State, c: PrepareModel) -> Decision:
 
 
 def _preview(state: State, model_id: str, node_ids: tuple[str, ...], context_length: int, concurrency: int,
-             manual_split: Split | None) -> ev.PlanPreviewed:
+             manual_split: Split | None, draft_model: str | None = None) -> ev.PlanPreviewed:
     """The planner's answer over the registry's latest reports, as the event that shows it."""
     split = [tuple(r) for r in manual_split] if manual_split is not None else None
     try:
         result = plan_for(state, model_id, list(node_ids), plan_settings(state.settings, context_length, concurrency,
-                                                                           split))
+                                                                           split), draft_model)
     except PlanningError as exc:
         raise CommandRefused(str(exc)) from None
     return ev.PlanPreviewed(plan=PreviewedPlan(model_id=model_id, node_ids=node_ids, context_length=context_length,
@@ -223,12 +224,12 @@ def _preview_plan(state: State, c: PreviewPlan) -> Decision:
     if c.only_if_shown and (shown is None or shown.model_id != c.model_id or set(shown.node_ids) != set(c.node_ids)
                             or shown.context_length != c.context_length):
         return Decision()  # another plan is on screen now (another model, nodes or context length): it stays
-    preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split)
+    preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split, c.draft_model)
     links, timing = lacking(state, c.model_id, c.node_ids) if c.measure else (False, False)
     if not (links or timing):
         return Decision((preview,))
     return Decision((preview,), (MeasureAfterPreview(c.model_id, c.node_ids, c.context_length, c.concurrency,
-                                                     c.manual_split, links, timing),))
+                                                     c.manual_split, links, timing, c.draft_model),))
 
 
 def _launch_cluster(state: State, c: LaunchCluster) -> Decision:
@@ -241,7 +242,7 @@ def _launch_cluster(state: State, c: LaunchCluster) -> Decision:
     if prep is None or prep.model_id != c.model_id or not prep.ready or \
             not set(c.node_ids) <= {n.node_id for n in prep.nodes}:
         raise CommandRefused("prepare the model on every selected node first (every copy must be Verified)")
-    preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split)
+    preview = _preview(state, c.model_id, c.node_ids, c.context_length, c.concurrency, c.manual_split, c.draft_model)
     plan = preview.plan.result
     if isinstance(plan, Refusal):
         return Decision((preview,), refusal="; ".join(r.message for r in plan.reasons))

@@ -72,7 +72,8 @@ class EffectRunner:
                     from orchestrator.control.perf import refresh_after_preview
 
                     again = PreviewPlan(effect.model_id, effect.node_ids, effect.context_length, effect.concurrency,
-                                        effect.manual_split, measure=False, only_if_shown=True)
+                                        effect.manual_split, measure=False, only_if_shown=True,
+                                        draft_model=effect.draft_model)
                     self._spawn(refresh_after_preview, self.ports, effect.model_id, list(effect.node_ids),
                                 effect.links, effect.timing, functools.partial(self.ports.submit, again))
                 case Readopt(session=s):

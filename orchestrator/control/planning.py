@@ -14,6 +14,7 @@ from orchestrator.planner import (
     PlanSettings,
     Refusal,
     SingleFit,
+    kv_cache_bytes,
     node_facts_from_report,
     plan_cluster,
     single_node_fit,
@@ -57,14 +58,47 @@ def plan_settings(settings: Settings, context_length: int = 4096, concurrency: i
                         speculative_tokens=settings.speculative_tokens)
 
 
-def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSettings) -> Plan | Refusal:
-    """Run the planner on the registry's latest reports."""
+def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSettings,
+             draft_model: str | None = None) -> Plan | Refusal:
+    """Run the planner on the registry's latest reports; with `draft_model` (a model id), the
+    coordinator's node also holds that draft model (PlanningError when it cannot draft)."""
     nodes = selected_nodes(state, node_ids)
     info = model_info(state, model_id, nodes)
+    if draft_model is not None:
+        settings = settings.model_copy(update={"draft_model": draft_model, "draft_model_bytes": draft_bytes(
+            state, draft_model, info, nodes, settings)})
     facts: list[NodeFacts] = [node_facts_from_report(n.report, node_id=n.id, host=n.host) for n in nodes]
     facts = with_performance(facts, nodes, model_id)  # measured links and timed layers (perf.py)
-    return plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
+    plan = plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
                         format_reason=info.reason, unsupported_reason=info.unsupported_reason)
+    if draft_model is not None and isinstance(plan, Plan):
+        host = state.node(plan.coordinator.node_id)
+        if host is None or host.report is None or all(m.id != draft_model for m in host.report.models):
+            name = host.name if host is not None else plan.coordinator.node_id
+            raise PlanningError(f"the draft model {draft_model!r} is not on {name}, where the coordinator runs: "
+                                "copy it there (Prepare it on that node) or choose no draft model")
+    return plan
+
+
+def draft_bytes(state: State, draft_id: str, target: ModelInfo, nodes: list[Node], settings: PlanSettings) -> int:
+    """What a draft model holds on the coordinator's node: its weights and its KV cache at the plan's
+    context and concurrency. PlanningError when it cannot draft for `target` (engine/coordinator/draft_model.py)."""
+    if settings.speculative_tokens == 0:
+        raise PlanningError(f"speculative decoding is off: set its tokens drafted per pass under Settings to "
+                            f"draft with {draft_id!r}")
+    draft = model_info(state, draft_id, nodes)
+    if draft_id == target.id:
+        raise PlanningError("the draft model must be a smaller model than the one served, not the model itself")
+    if not draft.mlx_format or draft.description is None:
+        raise PlanningError(f"the draft model {draft_id!r} is not a described MLX model "
+                            f"({draft.reason or draft.unsupported_reason or 'no description'})")
+    if target.description is not None and draft.description.vocab_size != target.description.vocab_size:
+        raise PlanningError(f"the draft model {draft_id!r} has another tokenizer ({draft.description.vocab_size} "
+                            f"tokens, the served model {target.description.vocab_size})")
+    if any(c.kind in ("sliding", "state") for c in draft.description.layer_caches):
+        raise PlanningError(f"the draft model {draft_id!r} keeps a sliding window or a recurrent state, which "
+                            "cannot roll back to what verification accepted")
+    return draft.description.total_bytes + kv_cache_bytes(draft.description, settings)
 
 
 def session_name(model_id: str, stages: int) -> str:

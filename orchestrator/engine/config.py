@@ -132,8 +132,9 @@ class ClusterSpec(BaseModel):
     # per pass; 0 turns it off. Off by itself for models whose caches cannot roll back (engine/stage/speculate.py).
     # Default off: the measurements so far (docs/benchmark.md, "Speculative decoding") showed no gain.
     speculative_tokens: int = Field(default=0, ge=0, le=16)
-    # A small model with the served model's tokenizer, in this directory on the coordinator's node, drafts
-    # instead of prompt lookup (engine/coordinator/draft_model.py); needs speculative_tokens > 0.
+    # A small model with the served model's tokenizer drafts instead of prompt lookup
+    # (engine/coordinator/draft_model.py); needs speculative_tokens > 0. A directory on the coordinator's
+    # node: a relative path is taken beside the served model (a model id in the node's models directory).
     draft_model: str | None = Field(default=None, min_length=1)
 
     @property

@@ -60,6 +60,7 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
         # one budget for every stage (the engine's setting): what the tightest stage can spare
         "prompt_cache_bytes": min(s.prompt_cache_bytes for s in plan.stages),
         "speculative_tokens": plan.settings.speculative_tokens,
+        **({"draft_model": plan.settings.draft_model} if plan.settings.draft_model else {}),
         **cluster,
     }
     return ClusterConfig.model_validate({"cluster": table, "nodes": nodes})

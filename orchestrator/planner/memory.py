@@ -113,9 +113,10 @@ class StageCosts:
         return self._kv_prefix[end] - self._kv_prefix[start] + received
 
     def overhead_bytes(self, runs_coordinator: bool) -> int:
-        """Process overhead on a stage's node: the stage, plus the coordinator when it runs there."""
+        """Process overhead on a stage's node: the stage, plus the coordinator (and its draft model)
+        when it runs there."""
         s = self.settings
-        return s.stage_overhead_bytes + (s.coordinator_overhead_bytes if runs_coordinator else 0)
+        return s.stage_overhead_bytes + (s.coordinator_overhead_bytes + s.draft_model_bytes if runs_coordinator else 0)
 
     def total_bytes(self, start: int, end: int, runs_coordinator: bool) -> int:
         """Everything a stage over [start, end) needs on its node."""
@@ -127,7 +128,8 @@ class StageCosts:
         m = self.model
         tied_copy = m.embedding_bytes if (m.tied_embeddings and num_stages > 1) else 0
         return (m.total_bytes + tied_copy + m.other_bytes * (num_stages - 1) + self.kv_bytes(0, self.num_layers)
-                + num_stages * self.settings.stage_overhead_bytes + self.settings.coordinator_overhead_bytes)
+                + num_stages * self.settings.stage_overhead_bytes + self.settings.coordinator_overhead_bytes
+                + self.settings.draft_model_bytes)
 
     def single_node_bytes(self) -> int:
         """What the whole model needs on one node (one stage plus the coordinator)."""

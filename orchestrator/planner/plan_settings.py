@@ -46,6 +46,10 @@ class PlanSettings(BaseModel):
     tight_fit_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
     # Speculative decoding (engine/coordinator/drafting.py): the most tokens a request drafts per pass; 0 = off.
     speculative_tokens: int = Field(default=0, ge=0, le=16)
+    # A draft model for speculative decoding (engine/coordinator/draft_model.py): its id in the coordinator
+    # node's models directory, and what it holds there (weights and KV cache at this context and concurrency).
+    draft_model: str | None = None
+    draft_model_bytes: int = Field(default=0, ge=0)
     # Inclusive (first, last) layer ranges, one per selected node in order; None = balance.
     manual_split: tuple[tuple[int, int], ...] | None = None
 

@@ -3,6 +3,8 @@ SmolLM2-135M's geometry, a preparation, a running session (pure values, no I/O).
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
 from orchestrator.control.commands import (
     PreviewPlan,
@@ -76,3 +78,22 @@ def kinds(decision: Decision) -> list[str]:
 
 def effect_types(decision: Decision) -> list[str]:
     return [type(e).__name__ for e in decision.effects]
+
+
+# A draft model for speculative decoding beside MODEL (tests/control/test_draft_choice.py)
+DRAFT = "smol-draft"
+SMALL = llama(layers=4, name=DRAFT)
+
+
+def with_models(state: State, *models: ModelInfo, on: tuple[int, ...] = (0, 1), drafts: int = 4) -> State:
+    """`state` with `models` on nodes `on` as well, and speculative decoding at `drafts` tokens per pass."""
+    nodes = tuple(n.model_copy(update={"report": n.report.model_copy(update={"models": [*n.report.models, *models]})})
+                  if i in on else n for i, n in enumerate(state.nodes))
+    return state.model_copy(update={"nodes": nodes, "settings": state.settings.model_copy(
+        update={"speculative_tokens": drafts})})
+
+
+def draft_info(description: Any = SMALL, model_id: str = DRAFT) -> ModelInfo:
+    """A node's report of a small draft model (SmolLM2's tokenizer, 4 layers)."""
+    return ModelInfo(id=model_id, mlx_format=True, supported=True, num_layers=description.num_layers,
+                     total_bytes=description.total_bytes, description=description)

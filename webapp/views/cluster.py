@@ -48,6 +48,9 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
     return {"enabled": state.settings.distributed_enabled, "models": offered,
             "nodes": nodes, "unsupported": [m for m in models.values() if not m["supported"]],
             "selected_model": chosen_model, "selected_nodes": chosen_nodes, "context": context,
+            # speculative decoding with a draft model needs the team's drafts per pass (Settings) first
+            "drafts": state.settings.speculative_tokens,
+            "draft_models": [m for m in offered if m["supported"]],
             # the template asks about the choice it shows (the plan's, or the user's own input)
             "choose": lambda form: choice_view(state, form, offered)}
 

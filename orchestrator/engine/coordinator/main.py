@@ -39,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"node {node.id!r} has role {node.role!r}, not coordinator/hybrid")
         secret = read_secret(config, args.config)
         decoder = read_decoder_facts(args.model)  # the stages' and the planner's reading too
-        if config.cluster.draft_model is not None:  # before the port: a wrong draft model changes nothing
-            check_same_tokenizer(args.model, Path(config.cluster.draft_model))
+        draft_dir = None if config.cluster.draft_model is None else args.model.parent / config.cluster.draft_model
+        if draft_dir is not None:  # before the port: a wrong draft model changes nothing
+            check_same_tokenizer(args.model, draft_dir)
     except (ConfigError, ModelConfigError, OSError, ValueError) as exc:
         log.error("config.invalid", reason=exc)
         return 2
@@ -80,15 +81,15 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model)
     pipeline.eos_ids = set(tokenizer.eos_token_ids)
     log.info("tokenizer.loaded", pipeline=pipeline.health.state)
-    if config.cluster.draft_model is not None:
+    if draft_dir is not None:
         try:
-            pipeline.drafter = DraftModel(Path(config.cluster.draft_model))  # its tokenizer was checked above
+            pipeline.drafter = DraftModel(draft_dir)  # its tokenizer was checked above
         except DraftModelError as exc:
             log.error("config.invalid", reason=exc)
             pipeline.stop()
             server.shutdown()
             return 2
-        log.info("draft.loaded", model=config.cluster.draft_model, weight_bytes=pipeline.drafter.weight_bytes)
+        log.info("draft.loaded", model=str(draft_dir), weight_bytes=pipeline.drafter.weight_bytes)
     server.app = build_app(Coordinator(pipeline, tokenizer, name, metrics, log, secret, args.model))
     stop = threading.Event()
 
