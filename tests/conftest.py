@@ -28,6 +28,24 @@ ROUTER_STARTUP_TIMEOUT = 15.0
 
 
 @pytest.fixture(scope="session")
+def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`model_factory(layers=6, tied=False, ...)` builds a test model once per option set."""
+    from orchestrator.testmodels.llama import make_test_model
+
+    made: dict[tuple, Path] = {}
+    root = tmp_path_factory.mktemp("models")
+
+    def make(**options: object) -> Path:
+        key = tuple(sorted(options.items()))
+        if key not in made:
+            name = "-".join(f"{k}{v}" for k, v in key) or "default"
+            made[key] = make_test_model(root / name, **options)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default random test model (4 layers, 64 wide, vocab 512, float32, tied, seed 0)."""
     from orchestrator.testmodels.llama import make_test_model

@@ -1,4 +1,4 @@
-"""Engine fixtures: cached random models and local pipelines that always get stopped."""
+"""Engine fixtures: local pipelines that always get stopped (cached random models: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,6 @@ from typing import Callable, Iterator
 import pytest
 
 from orchestrator.engine.local_pipeline import LocalPipeline
-
-
-@pytest.fixture(scope="session")
-def model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """`model_factory(layers=6, tied=False, ...)` builds a test model once per option set."""
-    from orchestrator.testmodels.llama import make_test_model
-
-    made: dict[tuple, Path] = {}
-    root = tmp_path_factory.mktemp("models")
-
-    def make(**options: object) -> Path:
-        key = tuple(sorted(options.items()))
-        if key not in made:
-            name = "-".join(f"{k}{v}" for k, v in key) or "default"
-            made[key] = make_test_model(root / name, **options)
-        return made[key]
-
-    return make
 
 
 @pytest.fixture(scope="session")
