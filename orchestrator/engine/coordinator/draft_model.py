@@ -4,7 +4,9 @@ The coordinator's scheduler thread owns it (the only thread of the coordinator t
 Per request it keeps the draft model's cache and the tokens that cache has seen. A draft first
 cuts the cache back to the longest prefix those tokens share with the request's sequence now
 (what the last verification accepted: mlx-lm's own `trim`), feeds the rest, then decodes k tokens
-greedily. A draft is a deterministic function of the sequence, so the stages' verification
+greedily. A long catch-up (a new request's prompt) goes CATCH_UP tokens per call, with no draft until
+it is done: the scheduler runs the draft model between the pipeline's steps and must not stall them
+for a whole prompt. A draft is a deterministic function of the sequence, so the stages' verification
 (greedy, or the seeded rule of docs/speculation.md) is unchanged: the output is the target's own.
 
 Only a model whose caches trim exactly can draft (plain or quantized KV caches); a different
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PREFILL_STEP = 512  # tokens the draft model catches up in one forward
+CATCH_UP = 64  # the most tokens the draft model catches up in one call (a prompt: over several steps)
 
 
 class DraftModelError(ValueError):
@@ -100,11 +102,13 @@ class DraftModel:
                 c.trim(excess)
         state.seen = state.seen[:common]
         pending, out = sequence[common:], []
-        while len(pending) > PREFILL_STEP:  # a long catch-up (the prompt) in chunks, as generation prefills
-            self.model(mx.array(pending[:PREFILL_STEP])[None], cache=state.cache)
+        if len(pending) > CATCH_UP:
+            # A long catch-up (the prompt): one chunk per call, no draft yet. The scheduler thread runs
+            # this between the pipeline's steps, so it never stalls them for a whole prompt.
+            self.model(mx.array(pending[:CATCH_UP])[None], cache=state.cache)
             mx.eval([c.state for c in state.cache])
-            state.seen.extend(pending[:PREFILL_STEP])
-            pending = pending[PREFILL_STEP:]
+            state.seen.extend(pending[:CATCH_UP])
+            return []
         while len(out) < k:
             logits = self.model(mx.array(pending)[None], cache=state.cache)[:, -1, :]
             state.seen.extend(pending)

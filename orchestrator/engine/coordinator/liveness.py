@@ -82,6 +82,10 @@ class Liveness:
         t = now()
         if t - self._last_tick < TICK:
             return
+        paused = t - self._last_tick - PING_INTERVAL if self._last_tick else 0.0
+        if paused > 0:  # this thread was busy (a draft model's step): the stages' silence meanwhile is ours
+            for index in self._last_seen:
+                self._last_seen[index] += paused
         self._last_tick = t
         if t - self._last_ping >= PING_INTERVAL:
             self._last_ping = t

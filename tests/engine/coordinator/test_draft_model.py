@@ -38,6 +38,15 @@ def test_after_a_partial_acceptance_the_next_draft_is_what_a_fresh_cache_gives(m
     assert drafter.draft(7, longer, 3) == reference(small, longer, 3).tokens
 
 
+def test_a_long_prompt_is_caught_up_over_several_calls_before_the_first_draft(model_factory):
+    target, small = model_factory(layers=4), model_factory(layers=2, seed=3)
+    drafter = DraftModel(small, target)
+    prompt = [(i * 7 + 3) % 500 for i in range(150)]
+    assert drafter.draft(1, prompt, 3) == [] and drafter.draft(1, prompt, 3) == []  # 64 + 64 of 150 tokens
+    assert len(drafter._requests[1].seen) == 128
+    assert drafter.draft(1, prompt, 3) == reference(small, prompt, 3).tokens
+
+
 def test_requests_draft_independently_and_a_finished_one_is_forgotten(model_factory):
     target, small = model_factory(layers=4), model_factory(layers=2, seed=3)
     drafter = DraftModel(small, target, max_requests=2)
