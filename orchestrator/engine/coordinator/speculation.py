@@ -1,10 +1,10 @@
 """The coordinator's side of speculative decoding: what a request drafts, and what its passes accepted.
 
 The scheduler thread (`pipeline.Pipeline`) owns this state with everything else. A request that
-may speculate (`_Active.lookup`) drafts tokens by prompt lookup (`drafting.Lookup`), or with the
-cluster's draft model (`draft_model.DraftModel`), for its next step, up to its adaptive length
-(`drafting.DraftLength`); the last stage verifies them and sends
-the accepted ones plus one as a RUN of RESULTs (engine/stage/speculate.py). Drafting starts once
+may speculate (`_Active.lookup`) drafts tokens for its next step, up to its adaptive length
+(`drafting.DraftLength`): by prompt lookup (`drafting.Lookup`), or, where the sequence repeats
+nothing, with the cluster's draft model (`draft_model.DraftModel`). The last stage verifies them
+and sends the accepted ones plus one as a RUN of RESULTs (engine/stage/speculate.py). Drafting starts once
 every stage's PONG said its caches roll back exactly.
 """
 
@@ -46,9 +46,12 @@ class Speculating:
             return []
         if self.draft_source is not None:
             return self.draft_source(a.lookup.tokens, room)[:room]
-        if self.drafter is not None:
-            return self.drafter.draft(a.rid, a.lookup.tokens, room)
-        return a.lookup.draft(room)
+        found = a.lookup.draft(room)
+        if found or self.drafter is None:
+            return found
+        # Prompt lookup found nothing the request repeats: the draft model drafts (it costs a forward per
+        # token on this thread; a repeat is free and, on code edits, accepted more often).
+        return self.drafter.draft(a.rid, a.lookup.tokens, room)
 
     def _end_pass(self, rid: int) -> None:
         """A verification pass came back whole: count it, adapt the request's draft length."""
