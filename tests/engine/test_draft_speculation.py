@@ -6,9 +6,6 @@ another tokenizer, or without speculative_tokens, is refused before anything sta
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import openai
 import pytest
 import requests
@@ -16,6 +13,7 @@ import requests
 from orchestrator.engine.config import ClusterSpec
 from orchestrator.proc import wait_until
 from tests.engine.harness import reference
+from tests.support.tokenizers import with_swapped_tokens
 
 PROMPT = [9, 8, 7, 3, 200, 41]
 TOKENS = 24
@@ -68,13 +66,7 @@ def test_greedy_with_a_draft_model_equals_mlx_lm(model_factory, launch, draft):
 def test_a_draft_model_with_another_tokenizer_is_refused_before_the_coordinator_starts(model_factory, launch,
                                                                                      tmp_path):
     model = model_factory(layers=4)
-    other = tmp_path / "other-tokenizer"
-    shutil.copytree(model_factory(layers=2, seed=3), other)
-    data = json.loads((other / "tokenizer.json").read_text())
-    vocab = data["model"]["vocab"]
-    a, b = sorted(vocab)[100:102]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(data))
+    other = with_swapped_tokens(model_factory(layers=2, seed=3), tmp_path / "other-tokenizer")
     with pytest.raises(Exception, match="another tokenizer"):
         launch(model, [(0, 1), (2, 3)], speculative_tokens=4, draft_model=str(other), startup_timeout=60)
 

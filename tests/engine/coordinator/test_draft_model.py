@@ -5,14 +5,12 @@ cannot roll back are refused at load."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import pytest
 
 from orchestrator.engine.coordinator.draft_model import DraftModel, DraftModelError, check_same_tokenizer
 from orchestrator.testmodels.families import build_family_model
 from tests.engine.harness import reference
+from tests.support.tokenizers import with_swapped_tokens
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 
@@ -60,13 +58,7 @@ def test_requests_draft_independently_and_a_finished_one_is_forgotten(model_fact
 
 def test_another_tokenizer_is_refused(model_factory, tmp_path):
     target = model_factory(layers=4)
-    other = tmp_path / "other"
-    shutil.copytree(model_factory(layers=2, seed=3), other)
-    data = json.loads((other / "tokenizer.json").read_text())
-    vocab = data["model"]["vocab"]
-    a, b = sorted(vocab)[100:102]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(data))
+    other = with_swapped_tokens(model_factory(layers=2, seed=3), tmp_path / "other")
     with pytest.raises(DraftModelError, match="another tokenizer"):
         check_same_tokenizer(target, other)
     with pytest.raises(DraftModelError, match="another tokenizer"):
