@@ -84,7 +84,10 @@ class _Handler(StubHandler):
         for i in range(0, len(body), 1 << 20):
             while not self.server.spend(min(1 << 20, len(body) - i)):
                 time.sleep(0.01)
-            self.wfile.write(body[i:i + (1 << 20)])
+            try:
+                self.wfile.write(body[i:i + (1 << 20)])
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the copier stopped reading (a cancelled or re-planned copy): not the peer's error
             with self.server.lock:
                 self.server.sent += min(1 << 20, len(body) - i)
 
