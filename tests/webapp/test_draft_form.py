@@ -15,7 +15,14 @@ def _form(web: Web):
     return parse(html).by_id("draft_model")
 
 
-def test_the_draft_model_is_offered_then_counted_on_the_coordinators_node(still: Web):
+def _no_measuring(web: Web, monkeypatch) -> None:
+    """The nodes are made up: no links or layer timings to measure after a preview (it would fail, late)."""
+    preview = web.orch.preview_plan
+    monkeypatch.setattr(web.orch, "preview_plan", lambda *args, **kwargs: preview(*args, **kwargs, measure=False))
+
+
+def test_the_draft_model_is_offered_then_counted_on_the_coordinators_node(still: Web, monkeypatch):
+    _no_measuring(still, monkeypatch)
     still.orch._state = with_models(BASE, draft_info())
     select = _form(still)
     assert "disabled" not in select.attrs
@@ -30,7 +37,8 @@ def test_the_draft_model_is_offered_then_counted_on_the_coordinators_node(still:
     assert still.orch.state.plan.result.settings.draft_model == DRAFT
 
 
-def test_the_served_model_as_its_own_draft_is_refused_and_changes_nothing(still: Web):
+def test_the_served_model_as_its_own_draft_is_refused_and_changes_nothing(still: Web, monkeypatch):
+    _no_measuring(still, monkeypatch)
     still.orch._state = with_models(BASE, draft_info())
     version = still.orch.state.version
     r = post(still, "/cluster/plan", {"model": MODEL, "nodes": ["n0", "n1"], "draft_model": MODEL})
