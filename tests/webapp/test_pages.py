@@ -36,7 +36,7 @@ def test_the_distributed_tab_shows_the_whole_flow(rich: Web):
                     "cluster-monitor"]
     # the form shows the plan's choice to everyone: model, nodes and context
     form = page.by_id("cluster-form")
-    assert form.find("option", value="smol").has("selected")
+    assert form.by_id("model").find("option", value="smol").has("selected")
     assert form.find("input", value="n0").has("checked") and form.by_id("context_length").attrs["value"] == "2048"
     # memory-fit bars with a legend and numbers, the layer map, the warning in words
     legend = page.by_id("plan-preview").find_all(**{"class": "legend small"})[0].text
