@@ -214,6 +214,8 @@ class HealthChecker:
         self._wake.set()
 
     def _record(self, name: str, url: str, generation: int | None, result: ProbeResult, passive: bool) -> None:
+        if self._stop.is_set():
+            return  # a probe that finished after stop(): the checker records and logs nothing more
         with self._lock:
             entry = self._entries.get(name)
             if entry is None or entry.backend.url != url or (generation is not None and entry.generation != generation):
