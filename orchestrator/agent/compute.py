@@ -26,6 +26,7 @@ from pathlib import Path
 from orchestrator import settings
 from orchestrator.agent.inventory import Inventory
 from orchestrator.agent.perf_schemas import ComputeProfile, ProfileStatus
+from orchestrator.atomic_write import write_atomically
 from orchestrator.logs import EventLogger
 from orchestrator.planner.timing_doubt import profile_doubt
 
@@ -91,8 +92,10 @@ class ComputeProfiler:
     def status(self, model_id: str) -> ProfileStatus:
         """Done (with the profile), running, failed (why) or absent."""
         self._inventory.model_dir(model_id)  # 404 for a model this node does not have
-        found = self.cached(model_id)
+        # Under the lock: a run writes its profile (atomically) before it stops running, so a
+        # status is never between the two ("absent" for a model just timed).
         with self._lock:
+            found = self.cached(model_id)
             if found is not None:
                 return ProfileStatus(model_id=model_id, state="done", profile=found)
             if self._running == model_id:
@@ -119,8 +122,8 @@ class ComputeProfiler:
         error = None
         try:
             profile = self._time_until_trusted(model_id)
-            (self._dir / f"{model_id}.json").write_text(json.dumps({"stamp": self._stamp(model_id),
-                                                                    "profile": profile}))
+            write_atomically(self._dir / f"{model_id}.json", json.dumps({"stamp": self._stamp(model_id),
+                                                                          "profile": profile}))
             self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"),
                            tries=profile["tries"], doubt=profile["doubt"] or None)
         except ProfileFailed as exc:
