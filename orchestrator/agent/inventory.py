@@ -22,7 +22,7 @@ from orchestrator.agent.copy.blocks import hash_file
 from orchestrator.agent.names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
 from orchestrator.agent.schemas import CheckResult, FileEntry, Manifest, ModelInfo
 from orchestrator.atomic_write import write_atomically
-from orchestrator.engine.support import unsupported_reason
+from orchestrator.engine.support import ALIASES, unsupported_reason
 from orchestrator.logs import EventLogger
 from orchestrator.models.decoder_config import HIDDEN_KEYS, ModelConfigError, decoder_view, first_int, layer_count
 from orchestrator.models.describe import ModelDescriptionError, describe_model
@@ -255,8 +255,11 @@ def _mlx_lm_supports(model_type: str) -> bool | None:
     spec = find_spec("mlx_lm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    name = model_type.replace("-", "_")
-    return any((Path(loc) / "models" / f"{name}.py").is_file() for loc in spec.submodule_search_locations)
+    # mlx-lm imports models/<model_type>.py as named (lfm2-vl.py, lille-130m.py keep the dash), or the
+    # module its remapping names (support.ALIASES mirrors it)
+    names = {model_type, model_type.replace("-", "_"), ALIASES.get(model_type.replace("-", "_").lower(), "")} - {""}
+    return any((Path(loc) / "models" / f"{name}.py").is_file()
+               for loc in spec.submodule_search_locations for name in names)
 
 
 def _classify(base: Path, files: dict[str, os.stat_result], info: ModelInfo) -> None:

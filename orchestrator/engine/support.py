@@ -45,7 +45,8 @@ UNBATCHED: dict[str, str] = {
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
 ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax",
                            "llava": "mistral3", "qwen2_5_vl": "qwen2_vl", "iquestcoder": "llama",
-                           "xverse": "llama"}
+                           "xverse": "llama", "deepseek_v41_text": "deepseek_v41", "gemma4_unified": "gemma4",
+                           "falcon_mamba": "mamba", "phi_msft": "phixtral"}
 # (model_type, first architecture) pairs mlx-lm loads with another module
 # (mlx_lm.utils MODEL_ARCHITECTURE_REMAPPING).
 ARCHITECTURE_ALIASES: dict[tuple[str, str], str] = {("bailing_hybrid", "BailingMoeV3ForCausalLM"): "bailing_moe_v3"}

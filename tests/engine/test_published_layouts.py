@@ -38,6 +38,16 @@ LAYOUTS = {
     "deepseek_v41": "text_config nested; residual streams, their pre-mix and compressed K/V cross the boundaries",
     "gemma3n": "text_config nested beside vision and audio towers; AltUp streams and per-layer inputs cross",
 }
+# Every other family whose published config is not flat num_hidden_layers: its decoder under text_config
+# (the multimodal checkpoints), or another name for the layer count (num_layers, n_layer, n_layers).
+_COUNT_KEYS = ("num_layers", "n_layer", "n_layers")
+LAYOUTS.update({name: "text_config nested" if spec.text_config else "layer count as " + next(
+    k for k in _COUNT_KEYS if k in spec.config) for name, spec in FAMILIES.items()
+    if name not in LAYOUTS and (spec.text_config or any(k in spec.config for k in _COUNT_KEYS))})
+
+
+# The context the coordinator serves is the checkpoint's (not the 4096 fallback), checked on the first cases.
+_CHECKED_CONTEXT = ("qwen3_5_moe", "longcat_flash", "llama", "deepseek_v41", "gemma3n")
 
 
 @pytest.mark.parametrize("family", sorted(LAYOUTS))
@@ -65,8 +75,12 @@ def test_published_layout_serves_through_agent_planner_and_coordinator(tmp_path:
     client = openai.OpenAI(base_url=cluster.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
     got = client.completions.create(model=model.name, prompt=PROMPT, max_tokens=TOKENS, temperature=0, logprobs=1)
     expected = reference(model, PROMPT, TOKENS)
-    assert got.choices[0].logprobs.token_logprobs == expected.logprobs
+    n = len(got.choices[0].logprobs.token_logprobs)  # fewer when mlx-lm's next token ends the answer
+    assert n == TOKENS or (got.choices[0].finish_reason == "stop" and n == TOKENS - 1)
+    assert got.choices[0].logprobs.token_logprobs == expected.logprobs[:n]
     context = decoder_facts(config).max_position_embeddings
+    if family not in _CHECKED_CONTEXT:
+        return
     assert context is not None and context != 4096
     too_long = requests.post(cluster.base_url + "/v1/completions", timeout=30,
                              json={"model": model.name, "prompt": [1] * (context + 1), "max_tokens": 1})

@@ -71,3 +71,14 @@ def test_a_served_family_is_refused_for_settings_it_cannot_split() -> None:
     assert support.unsupported_reason({"model_type": "nanbeige", "num_loops": 1}) is None
     reason = support.unsupported_reason({"model_type": "nanbeige", "num_loops": 2})
     assert reason and "several times per token" in reason
+
+
+def test_every_name_mlx_lm_remaps_is_served_as_the_family_it_loads() -> None:
+    """mlx-lm loads these model_types with another family's module (mlx_lm.utils MODEL_REMAPPING): the
+    registry serves each as that family (a checkpoint named so is not refused as unverified)."""
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    for name, module in MODEL_REMAPPING.items():
+        family = support.family_of({"model_type": name})
+        assert family in support.FAMILIES, (name, family)
+        assert family in (name.replace("-", "_"), module), (name, module, family)
