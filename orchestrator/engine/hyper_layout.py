@@ -21,13 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.engine.wire import named_directory_bytes
+from orchestrator.models.kv_layers import get as _get  # config.json's value, or the default when missing or null
 
 FAMILY = "deepseek_v41"  # the family whose boundaries these rules describe
-
-
-def _get(view: dict[str, Any], key: str, default: Any) -> Any:
-    value = view.get(key)
-    return default if value is None else value
 
 
 def _reads(view: dict[str, Any], layer: int) -> dict[str, int]:

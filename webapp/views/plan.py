@@ -47,6 +47,10 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
         return {"plan": None}
     result = shown.result
     layers_total = max((s.last_layer for s in result.stages), default=-1) + 1
+    # the draft model a plan counts on its coordinator's node (a refusal has no settings of its own)
+    draft = result.settings.draft_model if isinstance(result, Plan) else None
+    draft_text = f"{draft} ({size(result.settings.draft_model_bytes)} with its KV cache, in the overhead)" \
+        if draft else ""
     stages = []
     for s in result.stages:
         count = s.last_layer - s.first_layer + 1
@@ -54,29 +58,22 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "stage": s.stage, "node": s.node_name, "layers": f"{s.first_layer}–{s.last_layer}",
             "layer_count": count, "map_percent": round(100 * count / layers_total, 2) if layers_total else 0,
             "coordinator": s.runs_coordinator, "port": s.transport_port,
-            "draft": f"{plan_draft(result)} ({size(result.settings.draft_model_bytes)} with its KV cache, in the "
-                     "overhead)" if s.runs_coordinator and plan_draft(result) else "",
+            "draft": draft_text if s.runs_coordinator else "",
             "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes, s.prompt_cache_bytes),
         })
     plan = result if isinstance(result, Plan) else None
     issues = plan.warnings if plan is not None else result.reasons
-    draft = plan.settings.draft_model if plan is not None else None
     return {"plan": {"kind": result.kind, "refused": plan is None, "model": shown.model_id,
                      # which selection it is of: the page marks it stale beside another choice (static/app.js)
                      "node_ids": ",".join(shown.node_ids), "label": plan_label(state, shown),
                      "context": shown.context_length, "stages": stages, "layers_total": layers_total,
-                     "issues": [i.message for i in issues], "draft_model": draft,
+                     "issues": [i.message for i in issues],
                      # measured links between the selected nodes and the prediction (views/perf.py)
                      "links": link_matrix(state, list(shown.node_ids)),
                      "performance": performance_view(plan.performance if plan is not None else None),
                      "transport": transport_view(plan.transport if plan is not None else None),
                      "measuring": measuring_text(state, shown.model_id, list(shown.node_ids)),
                      "busy": busy_timing(state, shown.model_id, list(shown.node_ids))}}
-
-
-def plan_draft(result: Any) -> str | None:
-    """The draft model a plan counts on its coordinator's node (None: none, or a refusal)."""
-    return result.settings.draft_model if isinstance(result, Plan) else None
 
 
 def busy_timing(state: State, model_id: str, node_ids: list[str]) -> str:
