@@ -128,7 +128,10 @@ def test_an_agent_that_becomes_unreachable(env: Env):
     def freeze_agent_b(_session_id: str) -> None:
         agent_b.proc.send(signal.SIGSTOP)
 
-    when_step(env.orch, "stage-0.listen", "done", freeze_agent_b)
+    # Frozen once stage 0 is started on agent a: its listen wait (a stage loading its layers) lies between
+    # that and the start request to agent b. Frozen on stage-0.listen instead, the freeze (from a watching
+    # thread) raced that request, and on a loaded machine stage 1 sometimes started first.
+    when_step(env.orch, "stage-0.start", "done", freeze_agent_b)
     try:
         step, _ = failed(env, env.orch, env.orch.launch(env.session(), MODEL_ID).id)
         assert step.key == "stage-1.start" and "unreachable" in step.detail, step
