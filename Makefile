@@ -15,14 +15,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[fast,test]"
 	touch $@
 
-# System packages: Chromium for the browser tests, libgfortran5 for the optional OpenBLAS.
+# System packages: Chromium for the browser tests, libgfortran5 for the wheel's OpenBLAS, and
+# Debian's OpenBLAS for CPUs that wheel's build cannot run on (no AVX-512; orchestrator/engine/blas.py).
 # Installed only when running as root and missing; otherwise say what is needed.
+SYSTEM_PACKAGES = chromium libgfortran5 libopenblas0-pthread
 system:
-	@if [ -x /usr/bin/chromium ] && ldconfig -p | grep -q 'libgfortran.so.5 '; then :; \
+	@if [ -x /usr/bin/chromium ] && ldconfig -p | grep -q 'libgfortran.so.5 ' \
+		&& ldconfig -p | grep -q 'libopenblas.so.0 '; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
-		echo "installing Debian packages: chromium libgfortran5"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium libgfortran5 >/dev/null; \
-	else echo "note: install Debian's chromium and libgfortran5 for the browser tests and fast BLAS"; fi
+		echo "installing Debian packages: $(SYSTEM_PACKAGES)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+	else echo "note: install Debian's $(SYSTEM_PACKAGES) for the browser tests and fast BLAS"; fi
 
 # The linter first: a style slip fails in a second, before minutes of tests.
 lint: setup

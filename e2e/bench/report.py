@@ -47,7 +47,8 @@ def machine_info() -> dict[str, Any]:
 def method_lines(blas_cfg: str | None) -> list[str]:
     """How the numbers were taken (the report's bullet list after the header)."""
     return [
-        f"- BLAS: OpenBLAS from `cmeel-openblas` preloaded by `orchestrator.engine.blas.preload()` "
+        f"- BLAS: OpenBLAS (the `cmeel-openblas` wheel's, or Debian's where that one cannot run) preloaded by "
+        "`orchestrator.engine.blas.preload()` "
         f"({blas_cfg or 'config n/a'}), or the `mlx-cpu` wheel's reference BLAS with "
         "`PIPESERVE_BLAS=reference`. Each process's BLAS threads are set by `OPENBLAS_NUM_THREADS`.",
         "- Method: every system of a group is started once and measured in turn, round by round "

@@ -26,8 +26,8 @@ def openblas_info() -> dict:
 
     from orchestrator.engine import blas
 
-    path = blas.find_openblas()
-    if path is None or blas.active() != "openblas":
+    path = blas.loaded()
+    if path is None:
         return {}
     lib = ctypes.CDLL(str(path))
     lib.openblas_get_config.restype = ctypes.c_char_p

@@ -27,6 +27,24 @@ def test_a_library_that_cannot_compute_is_refused(tmp_path):
     assert not blas.runs_here(tmp_path / "missing.so")
 
 
+def test_the_openblas_found_is_one_that_computes_here():
+    found = blas.find_openblas()
+    runnable = [p for p in blas.candidates() if blas.runs_here(p)]
+    assert found == (runnable[0] if runnable else None)
+
+
+def test_the_system_openblas_is_a_candidate_where_installed():
+    # Debian's build picks its kernels at run time: the fallback where the wheel's needs AVX-512
+    installed = [p for p in blas.SYSTEM_OPENBLAS if p.exists()]
+    assert [p for p in blas.candidates() if p in blas.SYSTEM_OPENBLAS] == installed
+    for p in installed:
+        assert blas.runs_here(p)
+
+
+def test_the_loaded_library_is_what_active_reports():
+    assert (blas.loaded() is not None) == (blas.active() == "openblas")
+
+
 def test_this_process_loaded_openblas_only_if_it_runs_here():
     path = blas.find_openblas()
     if path is None:
