@@ -6,9 +6,11 @@ Usage: PYTHONPATH=. .venv/bin/python -m e2e.bench.speculation [--model smollm2] 
 Drafts come from prompt lookup, or with --draft-model from an early-exit draft of the model (its first
 LAYERS layers and its head, `pipeserve make-draft-model`) that the speculating coordinator runs.
 
-The stages split the layers evenly. Without --profile every process is on loopback; with it (root
-only) stage k runs in node k's namespace of an emulated LAN (e2e/lan/netns.py) with the coordinator
-beside stage 0, so every boundary and the return path cross the profile's link.
+The stages split the layers as the main benchmark does, balancing per-token compute with the head
+counted on the last stage (`local_pipeline.compute_split`: SmolLM2's 2 stages take 19 and 11 layers).
+Without --profile every process is on loopback; with it (root only) stage k runs in node k's namespace
+of an emulated LAN (e2e/lan/netns.py) with the coordinator beside stage 0, so every boundary and the
+return path cross the profile's link.
 
 Three systems of the same model run at once: two pipelines as the demo runs them (1 BLAS thread per
 stage, every core for a SOLO step; `speculative_tokens = --draft` and `= 0`) and single-process mlx-lm
@@ -43,6 +45,7 @@ from e2e.bench.lan_pipeline import LanPipelineSystem
 from e2e.bench.procs import PipelineSystem, ReferenceWorker, prepare_model
 from e2e.lan.netns import Lan, joined
 from e2e.lan.profiles import PROFILES
+from orchestrator.engine.local_pipeline import compute_split
 
 CODE = '''def total_price(items, tax):
     subtotal = 0
@@ -190,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                         "pipeserve make-draft-model) instead of prompt lookup")
     args = p.parse_args(argv)
     model = prepare_model(args.model)
-    n = json.loads((model / "config.json").read_text())["num_hidden_layers"]
-    splits = [(k * n // args.stages, (k + 1) * n // args.stages - 1) for k in range(args.stages)]
+    splits = compute_split(json.loads((model / "config.json").read_text()), args.stages)
     started, load_before = time.time(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as around:
         if args.profile:
