@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 # The stage processes load OpenBLAS when it is installed; the in-test reference must run
-# on the same BLAS for bit-exact comparisons, so load it before anything imports mlx.
+# on the same BLAS for bit-exact comparisons, so load it before anything imports mlx. And with
+# the same thread count as the stages the tests start (one: LocalPipeline's threads=1): Debian's
+# OpenBLAS 0.3.21 computes a GEMM's last bits differently on 1 and 2 threads (log-probs differed
+# by 1e-6), where the cmeel wheel's did not. Only this process: children pick their own.
 from orchestrator.engine import blas
 
 blas.preload()
+blas.set_threads(1)
 
 import os
 
