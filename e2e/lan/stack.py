@@ -82,9 +82,13 @@ class LanStack:
         dash = self._spawn(c, "dashboard", "dashboard", "--host", c.ip, "--port", str(DASHBOARD_PORT), "--state-dir",
                            str(self.root / "dashboard"), "--router", self.router_url, "--router-config",
                            str(router_yaml), "--discovery", "--discovery-interface", c.ip)
+        # Each prints its token before it binds its port: wait for the listening line too (pairing
+        # right after the token once met a refused connection).
         for node, proc in zip(self.lan.nodes, agents):
             self.tokens[node.name] = self._wait(proc, r"pairing token: (\S+)")
+            self._wait(proc, r"agent\.listening (url)=")
         self.admin_token = self._wait(dash, r"admin token: (\S+)")
+        self._wait(dash, r"dashboard\.listening (url)=")
         return self
 
     @staticmethod
