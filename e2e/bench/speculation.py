@@ -223,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                     passes, drafted, accepted = (after[k] - before[k] for k in keys)
                     # Each system's best round: another user's load (or our other two systems' idle
                     # threads) only ever slows a round down, as in the main benchmark (e2e/bench/report.py).
-                    med = {name: max(v) for name, v in got.items()}
+                    best = {name: max(v) for name, v in got.items()}
                     steps = {name: [s.get("step_ms") or 0.0 for s in systems[name].health()["stages"]]
                              for name in ("spec", "plain")}
-                    rows.append(Row(workload, concurrent, med, accepted / drafted if drafted else 0.0,
+                    rows.append(Row(workload, concurrent, best, accepted / drafted if drafted else 0.0,
                                     (accepted + passes) / passes if passes else 0.0,
                                     texts["spec"] == texts["plain"] == texts["single"], steps,
                                     drafted / passes if passes else 0.0))
@@ -253,10 +253,10 @@ def print_tables(args: argparse.Namespace, rows: list[Row], started: float, load
     print("| workload | requests | single-process tok/s | pipeline tok/s | pipeline ÷ single | with speculation "
           "tok/s | with ÷ without | with ÷ single | acceptance | tokens per pass | same text (all three) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for workload, c, med, acc, per_pass, same, _, _ in rows:
-        single = f"{med['single']:.2f}" + (" (one at a time)" if c > 1 else "")
-        print(f"| {workload} | {c} | {single} | {med['plain']:.2f} | {med['plain'] / med['single']:.2f}× | "
-              f"{med['spec']:.2f} | **{med['spec'] / med['plain']:.2f}×** | {med['spec'] / med['single']:.2f}× | "
+    for workload, c, best, acc, per_pass, same, _, _ in rows:
+        single = f"{best['single']:.2f}" + (" (one at a time)" if c > 1 else "")
+        print(f"| {workload} | {c} | {single} | {best['plain']:.2f} | {best['plain'] / best['single']:.2f}× | "
+              f"{best['spec']:.2f} | **{best['spec'] / best['plain']:.2f}×** | {best['spec'] / best['single']:.2f}× | "
               f"{acc:.0%} | {per_pass:.2f} | {'yes' if same else 'NO'} |")
     print("\nWhat a pass costs (1 request): each stage's step time at the end of the workload (the stages' EMA of "
           "their last ~10 steps, from GET /health; with speculation most steps are passes) and drafts per pass:\n")

@@ -150,4 +150,4 @@ def test_an_agent_that_becomes_unreachable(env: Env):
     # The frozen agent may still act on the start request it had queued, a moment after it resumes
     # (once right after the check above had found nothing); nobody renews that lease, so the agent
     # itself stops the process when it lapses (6 s here): nothing seen for longer than a lease.
-    nothing_left(env, within=45, quiet_s=8)
+    nothing_left(env, within=60, quiet_s=12)
