@@ -11,7 +11,11 @@ writes it to docs/benchmark.md. Layout:
   `worker` (the subprocess side: single-process mlx-lm and model preparation), `models`
   (which models, generated once into the cache);
 * rendering: `report` (the document, the family table), `report_group` (a group's
-  tables), `stats` (ratios of rounds, formatting).
+  tables), `stats` (ratios of rounds, formatting);
+* on their own (`python -m e2e.bench.<name>`): `speculation` (with ÷ without speculation
+  ÷ single, three workloads, loopback or an emulated LAN with `lan_pipeline`), `structured`
+  (decode with a JSON schema ÷ without) and `prefill_batch` (would batching concurrent
+  prefills pay: time and bits).
 
 What is compared, in ONE run and interleaved round by round (this machine is shared and
 noisy, so only ratios measured side by side mean anything):

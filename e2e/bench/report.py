@@ -61,7 +61,8 @@ def method_lines(blas_cfg: str | None) -> list[str]:
         "- Single process = `mlx_lm.generate.generate_step` in a worker process (no HTTP). It serves one request "
         "at a time, so its aggregate decode rate at 2 or 4 concurrent requests equals its 1-request rate: "
         "that is what the pipeline's aggregate is compared with.",
-        "- Pipeline = `LocalPipeline` (2 stage processes + coordinator), requests through `POST /v1/completions` "
+        "- Pipeline = `LocalPipeline` (2 stage processes + coordinator, prompt cache off), requests through "
+        "`POST /v1/completions` "
         "(token-id prompt, temperature 0, `stream: true`, `logprobs: 0` so every token is one event) from client "
         "threads. Decode tok/s of a request = 1 / its median inter-token interval (robust to another user's "
         "burst; all systems alike); aggregate at N requests = the sum over the N requests (each gets one token "

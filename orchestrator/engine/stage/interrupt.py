@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 
 INTERRUPTIBLE_TOKENS = 16  # positions in one step from which it is evaluated layer by layer
+OVERLAP_EVERY = 4  # other steps: every this many layers, evaluation starts while Python builds the rest
 LAYER_PAUSE_S = 0.5  # the test fault `layer-pause`: a pause after each layer of an interruptible step
 
 
@@ -34,6 +35,8 @@ class LayerChecks:
         self._stale: Callable[[], bool] | None = None
         self.pause_s = 0.0  # > 0 only under the `layer-pause` fault (faults.py)
         self.layers_done = 0  # layers evaluated one by one in the current step
+        self.overlap_every = OVERLAP_EVERY  # 0: build the whole graph of a step before evaluating it
+        self._built = 0  # layers built outside an interruptible step
 
     @contextmanager
     def interruptible(self, stale: Callable[[], bool]) -> Iterator[None]:
@@ -45,10 +48,21 @@ class LayerChecks:
             self._stale = None
 
     def after_layer(self, out: Any) -> None:
-        """Called by each wrapped layer with its output: evaluate it, then stop if the step is stale."""
+        """Called by each wrapped layer with its output: evaluate it, then stop if the step is stale.
+
+        Outside an interruptible step, every `overlap_every` layers the output's evaluation starts in the
+        background (`mx.async_eval`), as `mlx_lm.generate_step` overlaps its next step: the layers built so
+        far compute while Python builds the next ones, instead of the whole graph first and then all the
+        compute (building SmolLM2's 30 layers takes ~5 ms of a ~90 ms decode step). Same operations, same
+        order: the same bits.
+        """
+        arrays = [a for a in (out if isinstance(out, tuple) else (out,)) if isinstance(a, mx.array)]
         if self._stale is None:
+            self._built += 1
+            if self.overlap_every and self._built % self.overlap_every == 0:
+                mx.async_eval(arrays)
             return
-        mx.eval([a for a in (out if isinstance(out, tuple) else (out,)) if isinstance(a, mx.array)])
+        mx.eval(arrays)
         self.layers_done += 1
         if self.pause_s:
             time.sleep(self.pause_s)
@@ -56,4 +70,4 @@ class LayerChecks:
             raise Abandoned(f"a RESET arrived after {self.layers_done} layers of the step")
 
 
-__all__ = ["INTERRUPTIBLE_TOKENS", "Abandoned", "LayerChecks"]
+__all__ = ["INTERRUPTIBLE_TOKENS", "OVERLAP_EVERY", "Abandoned", "LayerChecks"]

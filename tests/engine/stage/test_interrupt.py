@@ -1,7 +1,9 @@
 """A long step evaluated layer by layer gives the same result, and a RESET stops it between layers.
 
 In process: a stage's forward of a prefill chunk with its layers evaluated one by one is bit for
-bit the plain forward, and a step found stale after its first layer raises `Abandoned`.
+bit the plain forward, and a step found stale after its first layer raises `Abandoned`; decode
+steps whose first layers start evaluating while the rest is built are bit for bit the steps built
+whole first.
 With real processes: a stage paused after each layer of a long prefill (the `layer-pause` fault)
 is mid-step when a new coordinator session's RESET reaches it; the stage abandons the step there
 (without the checks it would compute every layer first) and the new session serves exactly.
@@ -13,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, Abandoned
+from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, OVERLAP_EVERY, Abandoned
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.proc import wait_until
 from tests.engine.harness import InTestCoordinator, reference
@@ -41,6 +43,32 @@ def test_a_stale_step_stops_after_its_first_layer(model_factory):
             stage.forward(mx.array(PROMPT)[None], stage.make_cache())
     stage.forward(mx.array(PROMPT[:3])[None], stage.make_cache())  # unarmed again: no check, no raise
     assert stage.checks.layers_done == 1
+
+
+def test_decode_steps_evaluated_while_built_are_the_steps_built_whole(model_factory, monkeypatch):
+    layers = 2 * OVERLAP_EVERY
+    model = model_factory(layers=layers)
+    started = []
+    real_async_eval = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: (started.append(a), real_async_eval(*a))[1])
+
+    def decode(overlap_every: int) -> list[bytes]:
+        stage = StageModel(model, 0, layers)
+        stage.checks.overlap_every = overlap_every
+        cache, token, out = stage.make_cache(), PROMPT[:5], []
+        for _ in range(6):
+            logits = stage.forward(mx.array(token)[None], cache)
+            mx.eval(logits, [c.state for c in cache])
+            out.append(np.array(logits).tobytes())
+            token = [int(mx.argmax(logits[0, -1]).item())]
+        return out
+
+    whole = decode(0)
+    assert not started
+    for every in (1, OVERLAP_EVERY):
+        assert decode(every) == whole
+    # each forward started evaluating after every `every` layers: 8 + 2 per step of the two runs
+    assert len(started) == 6 * (layers + layers // OVERLAP_EVERY)
 
 
 def test_a_reset_stops_a_long_prefill_between_layers(launch, model_factory):
