@@ -69,6 +69,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+BEGIN = "<!-- `make bench` writes from here... -->"
+END = "<!-- ...to here; what follows is kept across runs -->"
+
+
+def merged(old: str | None, report: str) -> str:
+    """The report file after a run: `report` between BEGIN and END, everything outside them kept
+    (the hand-written runs and analyses below the generated part). A file without the markers keeps
+    its old text after the new report rather than losing it."""
+    block = f"{BEGIN}\n{report.rstrip()}\n{END}\n"
+    if not old:
+        return block
+    if BEGIN in old and END in old.split(BEGIN, 1)[1]:
+        before, rest = old.split(BEGIN, 1)
+        return before + block + "\n" + rest.split(END, 1)[1].lstrip("\n")
+    return block + "\n" + old
+
+
 def raw_results(groups: list[dict], families: dict | None) -> list[dict]:
     """The JSON form of the records (systems flattened to their results)."""
     def systems(items: list) -> list[dict]:
@@ -122,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    out.write_text(merged(out.read_text() if out.exists() else None, text))
     print(f"bench: wrote {out}")
     if args.json:
         Path(args.json).write_text(json.dumps(raw_results(groups, rows), indent=1, default=str))

@@ -8,6 +8,7 @@ outbound connections (engine/stage/links.py). Readers feed it through one inbox 
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import threading
@@ -24,7 +25,7 @@ from orchestrator.engine.stage.carry import Carry
 from orchestrator.engine.stage.constraint import Constraints
 from orchestrator.engine.stage.faults import Faults
 from orchestrator.engine.stage.gate import Gate
-from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned
+from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned, overlap_for
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
 from orchestrator.engine.stage.sampling import Sampler
@@ -79,6 +80,8 @@ class Stage:
         self.prompt_cache = StageCache(self.faults, disk_tier(config, model, log))  # entries the index names
         self._batch_refusal_logged = False
         self.current_threads = self.base_threads
+        if self.base_threads and hasattr(model, "checks"):
+            model.checks.overlap_every = overlap_for(self.base_threads, os.cpu_count() or 1)
         self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
         self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
         if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
@@ -320,6 +323,8 @@ class Stage:
 
             blas.set_threads(want)  # MLX is idle between steps: no BLAS call is running now
             self.current_threads = want
+            if hasattr(self.model, "checks"):
+                self.model.checks.overlap_every = overlap_for(want, os.cpu_count() or 1)
 
     def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
         model = self.model

@@ -15,7 +15,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, OVERLAP_EVERY, Abandoned
+from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, OVERLAP_EVERY, Abandoned, overlap_for
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.proc import wait_until
 from tests.engine.harness import InTestCoordinator, reference
@@ -69,6 +69,12 @@ def test_decode_steps_evaluated_while_built_are_the_steps_built_whole(model_fact
         assert decode(every) == whole
     # each forward started evaluating after every `every` layers: 8 + 2 per step of the two runs
     assert len(started) == 6 * (layers + layers // OVERLAP_EVERY)
+
+
+def test_steps_overlap_only_with_a_core_left_for_python():
+    assert overlap_for(1, 2) == OVERLAP_EVERY  # a co-located stage's batched step, a node's stage on part of it
+    assert overlap_for(2, 2) == 0  # a SOLO step on every core: building would take a BLAS thread's core
+    assert overlap_for(8, 4) == 0
 
 
 def test_a_reset_stops_a_long_prefill_between_layers(launch, model_factory):
