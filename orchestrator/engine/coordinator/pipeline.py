@@ -35,7 +35,7 @@ from orchestrator.engine.coordinator.liveness import TICK, Liveness
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.coordinator.prompt_caching import PromptCaching
-from orchestrator.engine.coordinator.speculation import Speculating
+from orchestrator.engine.coordinator.speculation import Speculating, drafts_now
 from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
 from orchestrator.engine.stage.sampling import decode_result
 from orchestrator.engine.tensors import tokens_frame
@@ -93,9 +93,8 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         self.draft_source: Callable[[list[int], int], list[int]] | None = None
         # The cluster's draft model (main.py loads it): drafts instead of prompt lookup; this thread runs it.
         self.drafter: DraftModel | None = None
-        # Draft only in steps of one request: a verification chunk runs outside the batched decode, and at
-        # 4 concurrent requests drafting in every step halved the aggregate (docs/benchmark.md). Tests turn
-        # it off to drive steps that mix speculating and plain requests.
+        # Draft only for a request alone in the pipeline (speculation.drafts_now). Tests turn it off to
+        # drive steps that mix speculating and plain requests.
         self.speculate_alone = True
         self._last_seen: dict[int, float] = {}
         self._last_ping = 0.0
@@ -262,7 +261,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         solo = self._solo(len(members)) if solo else Flag.NONE
         chunks = []
         for a in members:
-            draft = self._draft(a) if len(members) == 1 or not self.speculate_alone else []
+            draft = self._draft(a) if drafts_now(len(members), len(self._active), self.speculate_alone) else []
             if draft:  # DRAFT frames first: a control frame between two FORWARDs would split the stages' step
                 frames.append(json_frame(Kind.DRAFT, {"tokens": draft}, request_id=a.rid))
                 self._passes[a.rid] = [len(draft), 0]

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from orchestrator.engine.coordinator.pipeline import _Active
 
 
+def drafts_now(members: int, active: int, alone_only: bool = True) -> bool:
+    """Whether a step of `members` requests, with `active` requests admitted in all, drafts.
+
+    Only a request alone in the whole pipeline drafts: with others in flight (decoding in another
+    micro-batch, or prefilling) the stages are busy anyway, so a verification chunk only takes their
+    time from the others; speculation is the way to make ONE request faster. Drafting in every step
+    at 4 concurrent requests halved the aggregate, and a request that drafted while alone in its
+    micro-batch (its first step while the others still prefilled) cost 3-16 % of it
+    (docs/benchmark.md). `alone_only=False`: every step may draft (tests mixing both kinds)."""
+    return not alone_only or (members == 1 and active == 1)
+
+
 class Speculating:
     """Mixin of `pipeline.Pipeline`: drafting and the accounting of verification passes."""
 
@@ -65,4 +77,4 @@ class Speculating:
             a.length.observe(drafted, accepted)
 
 
-__all__ = ["Speculating"]
+__all__ = ["Speculating", "drafts_now"]
