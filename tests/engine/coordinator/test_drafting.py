@@ -17,7 +17,7 @@ def test_the_tokens_that_followed_the_latest_earlier_occurrence():
 
 
 def test_longest_ngram_first_then_shorter():
-    lookup = Lookup(max_ngram=3, tokens=[7, 8, 9, 1, 5, 8, 9, 2, 8, 9])
+    lookup = Lookup(max_ngram=3, min_ngram=1, tokens=[7, 8, 9, 1, 5, 8, 9, 2, 8, 9])
     assert lookup.draft(2) == [2, 8]  # "8 9" latest earlier occurrence at 5..6, followed by 2
     lookup.extend([3])
     assert lookup.draft(2) == []  # 3 never occurred before
@@ -31,10 +31,20 @@ def test_nothing_to_draft():
     assert Lookup(tokens=[1, 2, 1]).draft(0) == []
     with pytest.raises(ValueError):
         Lookup(max_ngram=0)
+    with pytest.raises(ValueError):
+        Lookup(max_ngram=2, min_ngram=3)
+
+
+def test_a_lone_token_seen_before_drafts_nothing_by_default():
+    lookup = Lookup(tokens=[5, 8, 9, 2, 7, 8])
+    assert lookup.draft(3) == []  # only "8" occurred before: too little to go on
+    assert Lookup(tokens=[5, 8, 9, 2, 7, 8], min_ngram=1).draft(3) == [9, 2, 7]
+    lookup.extend([9])  # "8 9" occurred before
+    assert lookup.draft(3) == [2, 7, 8]
 
 
 def test_draft_never_includes_the_current_position():
-    lookup = Lookup(tokens=[4, 4, 4])
+    lookup = Lookup(tokens=[4, 4, 4], min_ngram=1)
     assert lookup.draft(5) == [4]  # "4 4" at 1..2 has no follower: the occurrence at 0..1, followed by 4
 
 
