@@ -14,8 +14,9 @@ writes it to docs/benchmark.md. Layout:
   tables), `stats` (ratios of rounds, formatting);
 * on their own (`python -m e2e.bench.<name>`): `speculation` (with ÷ without speculation
   ÷ single, three workloads, loopback or an emulated LAN with `lan_pipeline`), `structured`
-  (decode with a JSON schema ÷ without) and `prefill_batch` (would batching concurrent
-  prefills pay: time and bits).
+  (decode with a JSON schema ÷ without), `prefill_batch` (would batching concurrent
+  prefills pay: time and bits) and `lookup_replay` (prompt lookup replayed on the model's
+  real answers: which matches are worth a pass).
 
 What is compared, in ONE run and interleaved round by round (this machine is shared and
 noisy, so only ratios measured side by side mean anything):
