@@ -42,12 +42,13 @@ class Gain(BaseModel):
 
 
 # e2e/bench/speculation.py's workloads on SmolLM2-135M-Instruct, speculative_tokens = 4, greedy, 1 request of
-# at most 96 tokens each (docs/benchmark.md, "Speculative decoding", 2026-12-03): drafted ÷ passes and
-# accepted ÷ drafted from the coordinator's /metrics.
+# at most 96 tokens each, prompt lookup from two-token matches (docs/benchmark.md, 2026-12-04 19:06 UTC):
+# drafted ÷ passes and accepted ÷ drafted from the coordinator's /metrics, the same as
+# e2e/bench/lookup_replay.py replays from the model's answers.
 MEASURED: tuple[Workload, ...] = (
-    Workload(name="code edit", drafts_per_pass=2.38, acceptance=0.52),  # 13 passes, 31 drafted, 16 accepted
-    Workload(name="tool-call arguments", drafts_per_pass=1.6, acceptance=0.21),  # 15 passes, 24 drafted, 5 accepted
-    Workload(name="free chat", drafts_per_pass=1.5, acceptance=0.0),  # 8 passes, 12 drafted, 0 accepted
+    Workload(name="code edit", drafts_per_pass=3.22, acceptance=0.62),  # 8 passes, 26 drafted, 16 accepted
+    Workload(name="tool-call arguments", drafts_per_pass=2.2, acceptance=0.36),  # 5 passes, 11 drafted, 4 accepted
+    Workload(name="free chat", drafts_per_pass=2.0, acceptance=0.12),  # 4 passes, 8 drafted, 1 accepted
 )
 
 
