@@ -23,6 +23,7 @@ import sys
 import time
 
 from orchestrator.engine import blas
+from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 
 CORES = os.cpu_count() or 1
 ROUNDS = 25  # timed steps per chunk width, interleaved
@@ -31,8 +32,6 @@ ROUNDS = 25  # timed steps per chunk width, interleaved
 def replay(prompt: list[int], answer: list[int], cost: dict[int, float], maximum: int,
            min_ngram: int) -> tuple[int, int, int, float]:
     """Passes, drafted and accepted tokens, and the summed cost in plain steps, of decoding `answer`."""
-    from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
-
     lookup, length = Lookup(tokens=list(prompt), min_ngram=min_ngram), DraftLength(maximum)
     done, passes, drafted, accepted, spent = 0, 0, 0, 0, 0.0
     while done < len(answer):

@@ -260,8 +260,9 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         frames = list(prefix or [])
         solo = self._solo(len(members)) if solo else Flag.NONE
         chunks = []
+        may_draft = drafts_now(len(members), len(self._active), self.speculate_alone)
         for a in members:
-            draft = self._draft(a) if drafts_now(len(members), len(self._active), self.speculate_alone) else []
+            draft = self._draft(a) if may_draft else []
             if draft:  # DRAFT frames first: a control frame between two FORWARDs would split the stages' step
                 frames.append(json_frame(Kind.DRAFT, {"tokens": draft}, request_id=a.rid))
                 self._passes[a.rid] = [len(draft), 0]
