@@ -42,6 +42,14 @@ UNBATCHED: dict[str, str] = {
     "gpt_bigcode": "its model computes the learned positions with numpy from one offset for the whole batch",
 }
 
+# Families whose forward over a chunk of positions is not the computation of one step per position
+# (measured: tests/engine/test_speculation_families.py): a verification chunk could change their
+# greedy output, so their stages refuse speculation (engine/stage/speculate.py): the reason.
+CHUNKS_DIFFER: dict[str, str] = {
+    "plamo3": "its sliding-window layers attend one key more in a chunk of positions than in a decode step "
+              "(mlx-lm's window_size + 1 mask), so a verification chunk is not the decode steps it stands for",
+}
+
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
 ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax",
                            "llava": "mistral3", "qwen2_5_vl": "qwen2_vl", "iquestcoder": "llama",

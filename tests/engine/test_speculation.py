@@ -7,7 +7,11 @@ of most passes, so that passes accept all, some and none of their drafts (prompt
 tests/engine/coordinator/test_drafting.py, and measured on a real model by e2e/bench/speculation.py).
 Log-probs are not compared bit for bit: a verification chunk scores k+1 positions in one matmul, whose
 low bits may differ from k+1 single-position steps.
-Then the comparison is shown to bite: a stage that moves its position back without trimming its caches
+Each runs on three models: the llama test model (plain KV: stages roll back by trimming), Qwen3-Next (linear
+attention states beside KV) and Gemma 3 (sliding windows that the 28-token prompts overflow), whose stages
+roll back through a rewind point and a replay (engine/stage/rewind.py) — with the prompt cache on, so the
+entries a request leaves when it ends inside an accepted run are checked by the requests that start from them.
+Then the comparison is shown to bite: a stage that moves its position back without rolling its caches back
 (`spec-skip-trim`) fails it.
 """
 
@@ -17,6 +21,7 @@ import pytest
 import requests
 
 from orchestrator.engine.coordinator.pipeline import GenerationParams
+from orchestrator.engine.stage.shard import ModelInfo
 from orchestrator.proc import wait_until
 from tests.engine.harness import InTestCoordinator, reference
 
@@ -26,12 +31,14 @@ PROMPTS = [REPEAT, CODE, [9, 8, 7]]
 TOKENS = 40
 
 
+def _metric(coord: InTestCoordinator, name: str) -> int:
+    """One counter of the coordinator's /metrics."""
+    return int(next(float(line.split()[1]) for line in coord.pipeline.metrics.render().splitlines()
+                    if line.split()[:1] == [name]))
+
+
 def _spec_counts(coord: InTestCoordinator) -> tuple[int, int, int]:
-    text = coord.pipeline.metrics.render()
-    values = {line.split()[0]: float(line.split()[1])
-              for line in text.splitlines() if line.startswith("pipeserve_spec")}
-    return (int(values["pipeserve_spec_passes_total"]), int(values["pipeserve_spec_drafted_tokens_total"]),
-            int(values["pipeserve_spec_accepted_tokens_total"]))
+    return tuple(_metric(coord, f"pipeserve_spec_{n}_total") for n in ("passes", "drafted_tokens", "accepted_tokens"))
 
 
 def _oracle(want: dict[tuple[int, ...], list[int]]):
@@ -67,20 +74,31 @@ def _tokens(coord: InTestCoordinator, prompt: list[int], max_tokens: int) -> lis
     return coord.run(prompt, max_tokens).tokens
 
 
-@pytest.fixture(scope="module")
-def expected(model_factory):
-    model = model_factory()
-    return model, {tuple(p): reference(model, p, TOKENS, prefill_step=16).tokens for p in PROMPTS}
+@pytest.fixture(scope="module", params=["llama", "qwen3_next", "gemma3_text"])
+def expected(request, model_factory, family_model):
+    """(model, the reference answer per prompt, two stages' inclusive layer ranges)."""
+    model = model_factory() if request.param == "llama" else family_model(request.param)
+    n = ModelInfo.read(model).num_layers
+    splits = [(0, n // 2 - 1), (n // 2, n - 1)]
+    want = {tuple(p): reference(model, p, TOKENS, prefill_step=16).tokens for p in PROMPTS}
+    turn = _turn(want)  # the next turn of REPEAT's conversation: starts from the entry REPEAT's answer left
+    want[tuple(turn)] = reference(model, turn, TOKENS, prefill_step=16).tokens
+    return model, want, splits
+
+
+def _turn(want: dict[tuple[int, ...], list[int]]) -> list[int]:
+    return [*REPEAT, *want[tuple(REPEAT)], 3, 4]
 
 
 def test_greedy_with_speculation_equals_mlx_lm(launch, expected):
-    model, want = expected
-    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4)
+    model, want, splits = expected
+    cluster = launch(model, splits, coordinator=False, prefill_step_size=16, speculative_tokens=4)
     coord = _coordinator(cluster, want)
     try:
         _ready(coord)
-        for prompt in PROMPTS:
+        for prompt in [*PROMPTS, _turn(want)]:
             assert _tokens(coord, prompt, TOKENS) == want[tuple(prompt)], f"prompt {prompt[:8]}..."
+        hits = _metric(coord, "pipeserve_prompt_cache_hits_total")
         passes, drafted, accepted = _spec_counts(coord)
         # max_tokens falling inside an accepted run: every shorter answer is the reference's prefix
         for n in (1, 2, 3, 5, 8, 13):
@@ -92,13 +110,14 @@ def test_greedy_with_speculation_equals_mlx_lm(launch, expected):
     finally:
         coord.stop()
     assert passes > 0 and drafted > accepted > 0, f"no speculation happened: {passes, drafted, accepted}"
+    assert hits > 0, "the next turn did not start from the prompt cache"
 
 
 def test_a_stop_token_inside_an_accepted_run(launch, expected):
-    model, want = expected
+    model, want, splits = expected
     ref = want[tuple(REPEAT)]
     stop = ref[10]  # a token the answer produces somewhere in the middle
-    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4)
+    cluster = launch(model, splits, coordinator=False, prefill_step_size=16, speculative_tokens=4)
     coord = _coordinator(cluster, want, eos={stop})
     try:
         _ready(coord)
@@ -109,8 +128,8 @@ def test_a_stop_token_inside_an_accepted_run(launch, expected):
 
 
 def test_off_decodes_plainly(launch, expected):
-    model, want = expected
-    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=0)
+    model, want, splits = expected
+    cluster = launch(model, splits, coordinator=False, prefill_step_size=16, speculative_tokens=0)
     coord = _coordinator(cluster, want)
     try:
         coord.wait_ready()
@@ -121,8 +140,8 @@ def test_off_decodes_plainly(launch, expected):
 
 
 def test_a_stage_that_skips_the_trim_fails_the_comparison(launch, expected):
-    model, want = expected
-    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, speculative_tokens=4,
+    model, want, splits = expected
+    cluster = launch(model, splits, coordinator=False, prefill_step_size=16, speculative_tokens=4,
                      env={"PIPESERVE_FAULTS": "stage-1:spec-skip-trim"})
     coord = _coordinator(cluster, want)
     try:
@@ -139,15 +158,16 @@ def test_health_reports_the_passes_prompt_lookup_verified(launch, expected):
     """A real coordinator drafting by prompt lookup (no oracle): GET /health carries its speculation
     counts, the ones /metrics gives and the dashboard's last stage card shows; without speculation,
     none."""
-    model, _ = expected
-    cluster = launch(model, [(0, 1), (2, 3)], prefill_step_size=16, speculative_tokens=4)
-    plain = launch(model, [(0, 1), (2, 3)], prefill_step_size=16)
+    model, _, splits = expected
+    cluster = launch(model, splits, prefill_step_size=16, speculative_tokens=4)
+    plain = launch(model, splits, prefill_step_size=16)
     for c in (cluster, plain):
         c.wait_ready()
     # drafting starts once every stage's PONG said its caches roll back
     wait_until(lambda: all(s.get("speculation") for s in requests.get(cluster.base_url + "/health", timeout=5)
                            .json()["stages"]), 30, message="the stages' PONGs saying they can speculate")
-    body = {"model": "default", "prompt": REPEAT, "max_tokens": TOKENS, "temperature": 0}
+    served = requests.get(cluster.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
+    body = {"model": served, "prompt": REPEAT, "max_tokens": TOKENS, "temperature": 0}
     answer = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=120).json()
     health = requests.get(cluster.base_url + "/health", timeout=5).json()
     metrics = {line.split()[0]: float(line.split()[1]) for line in

@@ -66,7 +66,7 @@ class DraftModel:
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_model
 
-        from orchestrator.engine.stage.speculate import can_speculate
+        from orchestrator.engine.stage.rewind import trims
 
         if target_dir is not None:
             check_same_tokenizer(target_dir, model_dir)
@@ -74,7 +74,7 @@ class DraftModel:
             self.model, _ = load_model(Path(model_dir))
         except (OSError, ValueError) as exc:
             raise DraftModelError(f"cannot load the draft model {model_dir}: {exc}") from None
-        if not can_speculate(make_prompt_cache(self.model)):  # the stages' own rule for rolling back
+        if not trims(make_prompt_cache(self.model)):  # it rolls back by trimming its own cache
             raise DraftModelError(f"the draft model {model_dir} keeps caches that cannot roll back "
                                   "(a recurrent state or a sliding window): it cannot follow verification")
         self._make_cache = lambda: make_prompt_cache(self.model)

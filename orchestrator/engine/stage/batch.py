@@ -239,7 +239,7 @@ def _fields(c: Any) -> tuple[dict[str, Any], list[Any]]:
 
 
 def restore(caches: list[list[Any]], saved: list[list[Any]]) -> None:
-    """Put every cache back as `snapshot` found it."""
+    """Put every cache back as `snapshot` found it (`saved` may be restored again later)."""
     for cache, fields in zip(caches, saved):
         for c, f in zip(cache, fields):
             _put_back(c, f)
@@ -248,7 +248,7 @@ def restore(caches: list[list[Any]], saved: list[list[Any]]) -> None:
 def _put_back(c: Any, saved: tuple[dict[str, Any], list[Any]]) -> None:
     fields, members = saved
     vars(c).clear()
-    vars(c).update(fields)
+    vars(c).update({k: list(v) if isinstance(v, list) else v for k, v in fields.items()})  # saved stays as saved
     for m, f in zip(c.caches if members else (), members):
         _put_back(m, f)
 

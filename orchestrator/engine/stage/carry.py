@@ -118,3 +118,20 @@ def handed_codec(family: str, view: dict[str, Any]) -> AttentionResiduals | None
     if family == "kimi_k3" and view.get("attn_res_block_size"):
         return AttentionResiduals(float(view.get("rms_norm_eps", 1e-5)))
     return None
+
+
+def join(xs: list) -> mx.array | Carry:
+    """One request's inputs of consecutive forwards as one input (positions in order, axis 1)."""
+    if len(xs) == 1:
+        return xs[0]
+    if isinstance(xs[0], Carry):
+        return Carry(mx.concatenate([x.h for x in xs], axis=1),
+                     {k: mx.concatenate([x.extras[k] for x in xs], axis=1) for k in xs[0].extras})
+    return mx.concatenate(xs, axis=1)
+
+
+def positions(x: mx.array | Carry, start: int, stop: int | None = None) -> mx.array | Carry:
+    """Positions [start, stop) of one request's input or output (axis 1)."""
+    if isinstance(x, Carry):
+        return Carry(x.h[:, start:stop], {k: v[:, start:stop] for k, v in x.extras.items()})
+    return x[:, start:stop]

@@ -11,12 +11,12 @@ preserved trivially — the rule is "accept while the draft equals the request's
 
 The caches now hold k+1 positions, of which only the accepted ones (plus the last accepted token's
 input) are valid. No stage is told the outcome: the request's next FORWARD frame (or its CLOSE)
-carries the position it continues from, lower than the stage's, and the stage trims its caches back
-with mlx-lm's own `trim` (`rollback`). That is only allowed right after a verification chunk and no
-further back than its first position + 1, so a confused coordinator cannot rewind a request.
-
-Caches that cannot trim exactly (linear attention / SSM states, sliding windows, chunked attention)
-rule speculation out for the whole model: `can_speculate` is what a stage reports in its stats.
+carries the position it continues from, lower than the stage's, and the stage rolls its caches back
+(rewind.py: mlx-lm's own `trim` for plain KV; a rewind point and a replay of the accepted positions
+for recurrent states, sliding windows and chunked attention). That is only allowed right after a
+verification chunk and no further back than its first position + 1, so a confused coordinator cannot
+rewind a request. A family whose chunked forward is not its step-by-step forward refuses to verify
+(`StageModel.speculation_refusal`).
 """
 
 from __future__ import annotations
@@ -24,22 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, RotatingKVCache, can_trim_prompt_cache
-
-from orchestrator.engine.stage.prompt_cache import trim_exactly
 
 MAX_DRAFT = 16  # drafted tokens one pass may carry
-
-
-def can_speculate(cache: list[Any]) -> bool:
-    """Whether a fresh request cache of this model can be rolled back exactly at any length: every
-    layer an offset-only `trim` (plain or quantized KV), none with a recurrent state or a window."""
-    def plain(c: Any) -> bool:
-        if isinstance(c, CacheList):
-            return all(plain(m) for m in c.caches)
-        return not isinstance(c, (ArraysCache, RotatingKVCache, ChunkedKVCache))
-
-    return bool(cache) and can_trim_prompt_cache(cache) and all(plain(c) for c in cache)
 
 
 def parse_draft(payload: Any, vocab: int) -> list[int]:
@@ -50,17 +36,6 @@ def parse_draft(payload: Any, vocab: int) -> list[int]:
     if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in tokens):
         raise ValueError("draft token ids out of range")
     return list(tokens)
-
-
-def rollback(cache: list[Any], position: int, to: int, floor: int | None, skip_trim: bool = False) -> int:
-    """Cut a request's caches back from `position` to `to` after a verification chunk whose first
-    position + 1 is `floor`; returns the new position. ValueError when that is not a rollback the
-    last chunk allows. `skip_trim` (a test fault) moves the position but leaves the caches long."""
-    if floor is None or not floor <= to < position:
-        raise ValueError(f"KV position {to} != expected {position}")
-    if not skip_trim:
-        trim_exactly(cache, position - to)
-    return to
 
 
 def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, mx.array]]:
@@ -82,4 +57,4 @@ def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, 
     return out
 
 
-__all__ = ["MAX_DRAFT", "can_speculate", "parse_draft", "rollback", "verify"]
+__all__ = ["MAX_DRAFT", "parse_draft", "verify"]

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -28,9 +28,10 @@ from orchestrator.engine.stage.gate import Gate
 from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned, overlap_for
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
+from orchestrator.engine.stage.rewind import Rewind, output, trims
 from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import StageModel
-from orchestrator.engine.stage.speculate import can_speculate, parse_draft, rollback, verify
+from orchestrator.engine.stage.speculate import parse_draft, verify
 from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
 from orchestrator.engine.stage_address import next_address
 from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
@@ -46,7 +47,12 @@ class RequestState:
     sampler: Sampler | None = None
     position: int = 0
     draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
-    floor: int | None = None  # after a verification chunk: the lowest position it may be rolled back to
+    rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
+    drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
+    replays: bool = True  # the stage's inputs can be joined for a replay (StageModel.positional_boundaries)
+
+    def __post_init__(self) -> None:
+        self.rewind = Rewind(self.cache, self.replays)
 
 
 class Stage:
@@ -70,9 +76,15 @@ class Stage:
         # MLX-thread state
         self.requests: dict[int, RequestState] = {}
         self.links = Links(self.index, next_node, secret, max_frame, log)
+        refusal = model.speculation_refusal
+        # how a request goes back after a verification chunk (rewind.py); None: this stage never verifies
+        self.rollback = None if refusal else "trim" if trims(model.make_cache()) else "replay"
+        speculation = {"speculation": refusal is None, "rollback": self.rollback}
+        if refusal:
+            speculation["speculation_refused"] = refusal
         self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
                                 weight_bytes=model.weight_bytes, extra={"blas": blas, "node": node.id,
-                                                                    "speculation": can_speculate(model.make_cache())})
+                                                                    **speculation})
         self._stop = threading.Event()
         # (base, solo) BLAS threads: solo for steps marked SOLO, base otherwise; (0, 0) = never switch.
         self.base_threads, self.solo_threads = threads
@@ -185,17 +197,22 @@ class Stage:
             except CacheMiss as exc:  # passed on: the next stages must not start the request either
                 self._error(frame.request_id, f"stage {self.index}: prompt cache: {exc}")
                 return []  # the coordinator starts the request again, without this entry
-            self.requests[frame.request_id] = RequestState(cache, sampler, position)
+            self.requests[frame.request_id] = RequestState(cache, sampler, position,
+                                                           replays=self.model.positional_boundaries)
         elif frame.kind is Kind.DRAFT:
             self._draft(frame)
         elif frame.kind is Kind.CLOSE:
             state = self.requests.pop(frame.request_id, None)
-            if state is not None and state.floor is not None and frame.position < state.position:
+            command = json_or_empty(frame)
+            if state is not None and state.rewind.floor is not None and frame.position < state.position:
                 try:  # it ended inside an accepted run: an entry keeps only what was accepted
                     self._rollback(state, frame.position)
                 except ValueError:
                     state = None  # a position no rollback allows: keep no entry of it
-            self._cache_command(json_or_empty(frame), state)
+            if state is not None and state.rewind.pending and "save" in command:
+                state.position = state.rewind.settle(state.cache, state.position, self.model.forward)
+                mx.eval([c.state for c in state.cache])
+            self._cache_command(command, state)
         elif frame.kind is Kind.CACHE:
             self._cache_command(json_or_empty(frame), None)
         else:
@@ -212,15 +229,16 @@ class Stage:
         try:
             if state.sampler is not None and state.sampler.constraint is not None:
                 raise ValueError("a constrained request cannot speculate")
+            if self.rollback is None:
+                raise ValueError("this stage cannot roll a verification chunk back")
             state.draft = parse_draft(frame.json(), self.model.info.vocab_size)
         except (ValueError, FrameError) as exc:
             self._end_request(frame.request_id, f"bad draft: {exc}")
 
     def _rollback(self, state: RequestState, to: int) -> None:
         """Cut a request's caches back to `to` after a verification chunk (ValueError if not allowed)."""
-        state.position = rollback(state.cache, state.position, to, state.floor,
-                                  skip_trim="spec-skip-trim" in self.faults.kinds)
-        state.floor = None
+        state.position = state.rewind.back(state.cache, state.position, to,
+                                           skip_trim="spec-skip-trim" in self.faults.kinds)
 
     def _request_cache(self, params: Any) -> tuple[list[Any], int]:
         """A fresh cache, or a copy of a prompt-cache entry when the OPEN frame names one."""
@@ -261,9 +279,14 @@ class Stage:
                 pass
             else:
                 try:
-                    work.append((f, state, self._input(f)))
+                    x = self._input(f)
                 except ValueError as exc:
                     self._error(f.request_id, f"stage {self.index}: {exc}")
+                    continue
+                # a rollback's replay runs in front of the input (rewind.py)
+                x, state.position, state.drop = state.rewind.prepare(state.cache, state.position, x,
+                                                                     state.draft is not None, self.model.forward)
+                work.append((f, state, x))
         if not work:
             return []
         self._set_threads(all(f.flags & Flag.SOLO for f, _, _ in work))
@@ -339,10 +362,9 @@ class Stage:
                 self._batch_refusal_logged = True
                 self.log.warning("batch.unavailable", reason=model.batch_refusal,
                                  detail="decode steps now run one request at a time (still exact)")
-        hs = [model.forward(x, s.cache) if h is None else h for (_, s, x), h in zip(work, hs)]
+        hs = [output(model.forward(x, s.cache) if h is None else h, s.drop) for (_, s, x), h in zip(work, hs)]
         for (f, s, x), _h in zip(work, hs):
-            # a verification chunk may be rolled back to just after its first position (speculate.py)
-            s.floor = f.position + 1 if s.draft is not None else None
+            s.rewind.ran(f.position, s.draft is not None)  # a verification chunk may be rolled back
             s.position += x.shape[1]
         states = [c.state for _, s, _ in work for c in s.cache]
         if not model.last:
@@ -354,9 +376,9 @@ class Stage:
         # Each request's own processors, grammar mask and PRNG key (engine/stage/sampling.py), row by row.
         # A grammar that fails (llguidance's limits) ends its own request, not its batch-mates.
         sampled = []
-        for (f, s, x), h in zip(work, hs):
+        for (f, s, _), h in zip(work, hs):
             if f.flags & Flag.SAMPLE and s.draft is not None:
-                results += self._verify(f, s, h, int(x.shape[1]))
+                results += self._verify(f, s, h, int(h.shape[1]))
             elif f.flags & Flag.SAMPLE:
                 try:
                     sampled.append((f, s, s.sampler.logprobs(h)))

@@ -1,0 +1,136 @@
+"""How one request's caches on one stage go back after a verification chunk (speculate.py).
+
+A verification chunk runs k+1 positions, of which only the accepted ones stay valid. Plain KV caches
+(and MLA, quantized KV) roll back with mlx-lm's own `trim`: an offset moves. The others cannot: a
+recurrent state (SSM, linear attention: `ArraysCache`) has folded every position into one array, a
+full sliding window (`RotatingKVCache`) has dropped its oldest keys to make room, a chunked-attention
+cache (`ChunkedKVCache`) has cut its front. For those the stage keeps a *rewind point* before the chunk —
+the caches' fields as they were (references: MLX arrays are values, and a chunk of several positions
+replaces a window's or a state's arrays rather than writing into them) and the inputs it ran since —
+and rolls back by putting the fields back and running the accepted positions again. It runs them in
+front of the request's next input, as one forward, so a rollback costs a few more positions in the
+next step rather than a step of its own; the output of the replayed positions is dropped.
+
+A verification chunk that follows such a rollback keeps the same rewind point (its replayed positions
+and its own are what a further rollback replays), until REPLAY_MAX positions would be replayed: then
+the replay runs as a forward of its own first and a fresh point is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, RotatingKVCache, can_trim_prompt_cache
+
+from orchestrator.engine.stage.batch import restore, snapshot
+from orchestrator.engine.stage.carry import join, positions
+from orchestrator.engine.stage.prompt_cache import trim_exactly
+
+REPLAY_MAX = 32  # positions one forward may replay in front of its own before the replay runs on its own
+
+Forward = Callable[[Any, list[Any]], Any]  # StageModel.forward
+
+
+def trims(cache: list[Any]) -> bool:
+    """Whether a fresh request cache rolls back with `trim` at any length: every layer plain or
+    quantized KV (an offset), none with a recurrent state, a window or chunks."""
+    def plain(c: Any) -> bool:
+        if isinstance(c, CacheList):
+            return all(plain(m) for m in c.caches)
+        return not isinstance(c, (ArraysCache, RotatingKVCache, ChunkedKVCache))
+
+    return bool(cache) and can_trim_prompt_cache(cache) and all(plain(c) for c in cache)
+
+
+@dataclass
+class RewindPoint:
+    """A request's caches as they were at `position`, and what the stage ran for it since."""
+
+    fields: list[Any]
+    position: int
+    inputs: list[Any] = field(default_factory=list)  # each [1, L, ...]: token ids or hidden states
+
+    @property
+    def ran(self) -> int:
+        """Positions run since the point."""
+        return sum(int(x.shape[1]) for x in self.inputs)
+
+
+class Rewind:
+    """One request's rollback on one stage (its MLX thread): trim, or rewind point and replay."""
+
+    def __init__(self, cache: list[Any], replays: bool = True) -> None:
+        self.trims = trims(cache)
+        self.replays = replays  # False: a stage whose inputs cannot be joined (StageModel.positional_boundaries)
+        self.floor: int | None = None  # after a verification chunk: the lowest position it may go back to
+        self.point: RewindPoint | None = None
+        self.replay: Any = None  # accepted positions waiting to run in front of the next input
+
+    @property
+    def pending(self) -> int:
+        """Positions a rollback left to run again (0 when none)."""
+        return 0 if self.replay is None else int(self.replay.shape[1])
+
+    def back(self, cache: list[Any], position: int, to: int, skip_trim: bool = False) -> int:
+        """Roll `cache` back from `position` to `to` after a verification chunk; returns the position
+        the caches now hold (`to`, or the rewind point's with the rest left to replay). ValueError when
+        that is not a rollback the last chunk allows. `skip_trim` (a test fault) only moves the position."""
+        if self.floor is None or not self.floor <= to < position:
+            raise ValueError(f"KV position {to} != expected {position}")
+        self.floor = None
+        if skip_trim:
+            self.point = None
+            return to
+        if self.trims:
+            trim_exactly(cache, position - to)
+            return to
+        point = self.point
+        if point is None:
+            raise ValueError("no rewind point for this rollback")
+        restore([cache], [point.fields])
+        self.replay = positions(join(point.inputs), 0, to - point.position)
+        return point.position
+
+    def prepare(self, cache: list[Any], position: int, x: Any, verifying: bool,
+                forward: Forward) -> tuple[Any, int, int]:
+        """Before a forward of `x` at `position`: the input to run (the replay in front), the position
+        the forward starts from, and how many leading positions of its output to drop. Takes a rewind
+        point for a verification chunk on caches that cannot trim."""
+        replay, self.replay = self.replay, None
+        if self.trims or not self.replays:
+            return x, position, 0
+        if not verifying:
+            self.point = None  # a plain step: no rollback may follow it
+            return (x, position, 0) if replay is None else (join([replay, x]), position, int(replay.shape[1]))
+        if replay is not None and int(replay.shape[1]) + int(x.shape[1]) > REPLAY_MAX:
+            forward(replay, cache)  # the replay on its own; the new point is taken after it
+            position, replay = position + int(replay.shape[1]), None
+        if replay is None:
+            self.point = RewindPoint(snapshot([cache])[0], position, [x])
+            return x, position, 0
+        assert self.point is not None  # a replay comes from a rollback to this point
+        self.point.inputs = [replay, x]
+        return join([replay, x]), position, int(replay.shape[1])
+
+    def ran(self, chunk_position: int, verifying: bool) -> None:
+        """After the forward of a chunk that starts at `chunk_position`: a verification chunk may be
+        rolled back to just after its first position."""
+        self.floor = chunk_position + 1 if verifying else None
+
+    def settle(self, cache: list[Any], position: int, forward: Forward) -> int:
+        """Run what a rollback left to replay now (a request that ends: its caches are stored as they
+        are); returns the position the caches hold."""
+        replay, self.replay, self.point = self.replay, None, None
+        if replay is None:
+            return position
+        forward(replay, cache)
+        return position + int(replay.shape[1])
+
+
+def output(h: Any, drop: int) -> Any:
+    """A forward's output without its first `drop` (replayed) positions."""
+    return h if drop == 0 else positions(h, drop)
+
+
+__all__ = ["REPLAY_MAX", "Rewind", "RewindPoint", "output", "trims"]
