@@ -110,7 +110,8 @@ class Speculation(_Frozen):
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
-    refused: bool = False  # the model's caches cannot roll back exactly: it never drafts
+    refused: bool = False  # a stage cannot verify drafts exactly: it never drafts
+    refusal: str | None = None  # why (the stage's words)
 
 
 class StageStatus(_Frozen):

@@ -86,7 +86,7 @@ def test_the_coordinators_speculation_counts_go_to_the_last_stage_only():
     look = _health("ready")
     statuses, _, _ = judge(_session(), _processes(), look)
     assert [s.speculation for s in statuses] == [None, None]  # the cluster does not speculate
-    spec = {"max_drafts": 4, "passes": 10, "drafted": 30, "accepted": 12, "refused": False}
+    spec = {"max_drafts": 4, "passes": 10, "drafted": 30, "accepted": 12, "refused": False, "refusal": None}
     look = read_health(200, HealthReport(status="ready", ready=True, stages=look.report.stages,
                                          speculation=spec).model_dump_json().encode())
     statuses, problem, _ = judge(_session(), _processes(), look)

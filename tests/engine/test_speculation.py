@@ -181,3 +181,24 @@ def test_health_reports_the_passes_prompt_lookup_verified(launch, expected):
         metrics["pipeserve_spec_passes_total"], metrics["pipeserve_spec_drafted_tokens_total"],
         metrics["pipeserve_spec_accepted_tokens_total"])
     assert requests.get(plain.base_url + "/health", timeout=5).json()["speculation"] is None
+
+
+def test_a_family_whose_chunks_are_not_its_steps_never_drafts(launch, family_model):
+    """PLaMo 3's stages refuse to verify (support.CHUNKS_DIFFER): /health says so and why, and a request
+    is answered without a single verification pass."""
+    model = family_model("plamo3")
+    n = ModelInfo.read(model).num_layers
+    cluster = launch(model, [(0, n // 2 - 1), (n // 2, n - 1)], prefill_step_size=16, speculative_tokens=4)
+    cluster.wait_ready()
+
+    def refused() -> dict | None:
+        spec = requests.get(cluster.base_url + "/health", timeout=5).json()["speculation"]
+        return spec if spec["refused"] else None
+
+    spec = wait_until(refused, 30, message="the stages' PONGs saying they refuse speculation")
+    assert "window_size + 1" in spec["refusal"], spec
+    served = requests.get(cluster.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
+    body = {"model": served, "prompt": REPEAT, "max_tokens": TOKENS, "temperature": 0}
+    answer = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=120).json()
+    assert answer["usage"]["completion_tokens"] == TOKENS, answer
+    assert requests.get(cluster.base_url + "/health", timeout=5).json()["speculation"]["passes"] == 0

@@ -236,7 +236,9 @@ def test_the_last_stage_card_shows_how_speculation_verifies():
 
     assert speculation_text(None) is None
     assert speculation_text(Speculation(max_drafts=4)) == "on (up to 4 drafts per pass), no pass verified yet"
-    assert "cannot roll back exactly: it never drafts" in speculation_text(Speculation(max_drafts=4, refused=True))
+    assert "cannot verify drafts exactly: it never drafts" in speculation_text(Speculation(max_drafts=4, refused=True))
+    why = speculation_text(Speculation(max_drafts=4, refused=True, refusal="its chunks are not its steps"))
+    assert "exactly (its chunks are not its steps): it never drafts" in why
     s = cluster()
     spec = Speculation(max_drafts=4, passes=200, drafted=500, accepted=260)
     last = s.stage_status[1].model_copy(update={"speculation": spec})

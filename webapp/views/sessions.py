@@ -55,7 +55,8 @@ def speculation_text(s: Speculation | None) -> str | None:
     if s is None:
         return None
     if s.refused:
-        return "on, but this model's caches cannot roll back exactly: it never drafts (docs/speculation.md)"
+        why = f" ({s.refusal})" if s.refusal else ""
+        return f"on, but this model cannot verify drafts exactly{why}: it never drafts (docs/speculation.md)"
     if not s.passes:
         return f"on (up to {s.max_drafts} drafts per pass), no pass verified yet"
     return (f"{s.accepted / max(1, s.drafted):.0%} of {s.drafted:,} drafts accepted · "

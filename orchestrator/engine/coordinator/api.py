@@ -81,7 +81,9 @@ class Coordinator:
                         "state": "wedged" if s.fault else "up" if s.connected else "down", "fault": s.fault,
                         "last_seen_s": s.last_seen_s} for s in h.stages],
             "speculation": {"max_drafts": self.pipeline.speculative_tokens, **self.metrics.speculation(),
-                            "refused": any(s.stats.get("speculation") is False for s in h.stages)}
+                            "refused": any(s.stats.get("speculation") is False for s in h.stages),
+                            "refusal": next((s.stats["speculation_refused"] for s in h.stages
+                                             if s.stats.get("speculation_refused")), None)}
             if self.pipeline.speculative_tokens else None,
         })
         return (200 if h.ready else 503), report.model_dump(mode="json")

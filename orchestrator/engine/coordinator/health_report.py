@@ -67,7 +67,8 @@ class SpeculationReport(BaseModel):
     passes: int = 0
     drafted: int = 0
     accepted: int = 0
-    refused: bool = False  # a stage said its caches cannot roll back exactly: the coordinator never drafts
+    refused: bool = False  # a stage said it cannot verify drafts exactly: the coordinator never drafts
+    refusal: str | None = None  # the first such stage's reason (StageModel.speculation_refusal)
 
 
 class StageReport(BaseModel):
