@@ -50,6 +50,22 @@ CHUNKS_DIFFER: dict[str, str] = {
               "(mlx-lm's window_size + 1 mask), so a verification chunk is not the decode steps it stands for",
 }
 
+# Families whose boundaries carry state that is not one entry per position, and whose caches cannot
+# trim: a stage of a split cannot join the replay of a rolled-back chunk to its next input
+# (engine/stage/rewind.py), so a split refuses speculation; one stage alone would replay.
+GROUPED_BOUNDARIES: dict[str, str] = {
+    "deepseek_v41": "its caches cannot trim, and its stage boundaries carry state per compressed group and per "
+                    "candidate block rather than per position, so a rolled-back chunk cannot be replayed",
+}
+
+
+def speculation_refusal(family: str, split: bool) -> str | None:
+    """Why a stage of this family (one of several when `split`) cannot verify drafts exactly, or None."""
+    if family in CHUNKS_DIFFER:
+        return CHUNKS_DIFFER[family]
+    return GROUPED_BOUNDARIES.get(family) if split else None
+
+
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).
 ALIASES: dict[str, str] = {"kimi_k2": "deepseek_v3", "joyai_llm_flash": "deepseek_v3", "minimax_m2": "minimax",
                            "llava": "mistral3", "qwen2_5_vl": "qwen2_vl", "iquestcoder": "llama",

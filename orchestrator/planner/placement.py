@@ -13,6 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from orchestrator.engine import support
 from orchestrator.planner.balance import Split, min_max_split
 from orchestrator.planner.facts import NodeFacts
 from orchestrator.planner.memory import StageCosts
@@ -132,8 +133,17 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     shared = _sharing_a_machine(stages)
     if shared:
         note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
+    m = costs.model
+    refusal = support.speculation_refusal(support.family_of({"model_type": m.model_type,
+                                                             "architectures": [m.architecture or ""]}) or "",
+                                          split=len(split) > 1)
+    drafts = s.speculative_tokens
+    if drafts and refusal:
+        note, drafts = f"{note}; no speculative decoding: {refusal}".lstrip("; "), 0
+    # caches other than plain KV roll a partly accepted pass back by replaying it (engine/stage/rewind.py)
+    replays = any(c.kind in ("sliding", "state") for c in m.layer_caches)
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note,
-                   speculative_tokens=s.speculative_tokens)
+                   speculative_tokens=drafts, replays=replays)
 
 
 def _sharing_a_machine(stages: Sequence[StageSpec]) -> str:

@@ -131,13 +131,18 @@ def pass_ms(stage_ms: Sequence[float], links: Sequence[LinkCost], hidden_bytes: 
 
 
 def speculation_gains(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,
-                      max_drafts: int) -> tuple[Gain, ...]:
-    """What drafting up to `max_drafts` tokens per pass gains one request, per measured workload."""
+                      max_drafts: int, replays: bool = False) -> tuple[Gain, ...]:
+    """What drafting up to `max_drafts` tokens per pass gains one request, per measured workload.
+    `replays`: the family's caches cannot trim, so a partly accepted pass is replayed on every stage
+    in front of the next step (its r positions on top of that step's one; no extra hop)."""
     if max_drafts <= 0:
         return ()
+    drafts = range(1, max_drafts + 1)
     passes = {d: pass_ms([verify_step_ms(s, d + 1) for s in stages], links, hidden_bytes, d + 1,
-                         coordinator_ms(stages, 1)) for d in range(1, max_drafts + 1)}
-    return gains(decode_ms_1(stages, links, hidden_bytes)[0], passes, max_drafts)
+                         coordinator_ms(stages, 1)) for d in drafts}
+    replay = {r: sum(verify_step_ms(s, r + 1) - verify_step_ms(s, 1) for s in stages) for r in drafts} \
+        if replays else None
+    return gains(decode_ms_1(stages, links, hidden_bytes)[0], passes, max_drafts, replay_ms_of=replay)
 
 
 def coordinator_ms(stages: Sequence[StageSpec], rows: int) -> float:
@@ -245,9 +250,10 @@ def bottleneck(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_by
 def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, *,
             prefill_step: int = 2048, max_batch: int = 16, requests: Sequence[int] = DEFAULT_REQUESTS,
             prompts: Sequence[int] = DEFAULT_PROMPTS, timing_note: str = "",
-            speculative_tokens: int = 0) -> Performance:
+            speculative_tokens: int = 0, replays: bool = False) -> Performance:
     """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1);
-    `speculative_tokens` > 0: also what speculative decoding gains (speculation_gain.py)."""
+    `speculative_tokens` > 0: also what speculative decoding gains (speculation_gain.py), with the
+    replay of partly accepted passes when `replays` (a family whose caches cannot trim)."""
     if len(links) != len(stages) or not stages:
         raise ValueError(f"{len(stages)} stages need {len(stages)} links (the last one back to the coordinator)")
     ms1, compute = decode_ms_1(stages, links, hidden_bytes)
@@ -263,7 +269,8 @@ def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes
         ttft_s=tuple(Point(x=p, y=ttft_s(stages, links, hidden_bytes, p, prefill_step)) for p in prompts),
         stage_ms_1=tuple(stage_step_ms(s, 1, solo=True) for s in stages), boundaries=tuple(bounds),
         bottleneck=bottleneck(stages, links, hidden_bytes, max(requests, default=1), max_batch),
-        timing_note=timing_note, speculation=speculation_gains(stages, links, hidden_bytes, speculative_tokens))
+        timing_note=timing_note, speculation=speculation_gains(stages, links, hidden_bytes, speculative_tokens,
+                                                                  replays))
 
 
 def single_node_verdict(split: Performance, single: Performance, node_name: str) -> str:

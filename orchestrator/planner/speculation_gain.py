@@ -8,6 +8,11 @@ request's steps are) and the hops carry d + 1 hidden states; it yields 1 + a x d
 per-draft acceptance a. The gain over plain decoding is that many tokens per pass times a
 plain token's time, divided by the pass's time (`predict.pass_ms`).
 
+A family whose caches cannot trim (sliding windows, recurrent states) rolls a partly accepted pass
+back by replaying its accepted positions in front of the next step (engine/stage/rewind.py): that step
+runs accepted + 2 rows instead of one. The replay's price is added for each pass that does not accept
+every draft (taken as 1 - a^d, drafts accepted independently), at the pass's mean accepted count.
+
 The acceptance depends on the workload, not the machine: greedy drafting and verification are
 deterministic. `MEASURED` holds what the benchmark (e2e/bench/speculation.py, docs/benchmark.md)
 measured per workload on the demo model; the plan preview predicts at those.
@@ -53,19 +58,28 @@ MEASURED: tuple[Workload, ...] = (
 
 
 def gains(plain_ms: float, pass_ms_of: dict[int, float], max_drafts: int,
-          workloads: Sequence[Workload] = MEASURED) -> tuple[Gain, ...]:
+          workloads: Sequence[Workload] = MEASURED, replay_ms_of: dict[int, float] | None = None) -> tuple[Gain, ...]:
     """Per workload: tokens per pass, tok/s and gain, drafting at most `max_drafts` per pass.
-    `pass_ms_of[d]`: a pass of d drafts (d + 1 positions) for each d from 1 to `max_drafts`."""
+    `pass_ms_of[d]`: a pass of d drafts (d + 1 positions) for each d from 1 to `max_drafts`;
+    `replay_ms_of[r]`, for a family that rolls back by replay: what replaying r positions adds to the
+    next step, for each r from 1 to `max_drafts`."""
     out = []
     for w in workloads:
         drafts = max(1.0, min(float(max_drafts), w.drafts_per_pass))  # the adaptive length's average
-        low = int(drafts)
-        high = min(max_drafts, low + 1)
-        ms = pass_ms_of[low] + (pass_ms_of[high] - pass_ms_of[low]) * (drafts - low)  # between whole lengths
+        ms = _between(pass_ms_of, drafts, max_drafts)
         tokens = 1 + w.acceptance * drafts
+        if replay_ms_of:
+            ms += (1 - w.acceptance ** drafts) * _between(replay_ms_of, min(float(max_drafts), tokens), max_drafts)
         out.append(Gain(workload=w.name, tokens_per_pass=tokens, decode_tps=tokens * 1000 / ms,
                         gain=tokens * plain_ms / ms))
     return tuple(out)
+
+
+def _between(ms_of: dict[int, float], x: float, top: int) -> float:
+    """`ms_of` at a mean length x (1 <= x <= top), linear between whole lengths."""
+    low = int(x)
+    high = min(top, low + 1)
+    return ms_of[low] + (ms_of[high] - ms_of[low]) * (x - low)
 
 
 __all__ = ["Gain", "MEASURED", "Workload", "gains"]

@@ -60,3 +60,57 @@ def test_the_prediction_carries_the_gain_per_measured_workload_only_when_specula
         # the pass priced as a step of d + 1 rows (the layer timing is linear in rows between 1 and 8)
         assert g.gain == pytest.approx(g.tokens_per_pass * perf.ms_per_token_1 / (20 * (1 + d / 7) + COORDINATOR_MS))
         assert g.decode_tps == pytest.approx(g.gain * perf.decode_tps_1)
+
+
+def test_a_family_that_replays_pays_for_the_replay_of_each_partly_accepted_pass():
+    plain = 20.3
+    passes = {d: 20 * (1 + d / 7) + 0.3 for d in range(1, 5)}
+    replay = {r: 20 * r / 7 for r in range(1, 5)}  # r more rows in the next step
+    every = Workload(name="repeats", drafts_per_pass=4, acceptance=1.0)
+    half = Workload(name="some", drafts_per_pass=2, acceptance=0.5)
+    (all_in, some), (all_in_trim, some_trim) = gains(plain, passes, 4, [every, half], replay), \
+        gains(plain, passes, 4, [every, half])
+    assert all_in == all_in_trim  # every draft accepted: nothing to roll back
+    # two drafts, half accepted: 1 - 0.5² of the passes replay their 2 tokens in the next step
+    assert some.tokens_per_pass == 2 and some.gain == pytest.approx(2 * plain / (passes[2] + 0.75 * replay[2]))
+    assert some.gain < some_trim.gain
+
+
+def test_the_prediction_prices_the_replay_on_every_stage_without_a_hop():
+    stages = _stages()
+    trim = predict(stages, [GBE, GBE], HIDDEN, speculative_tokens=4)
+    replay = predict(stages, [GBE, GBE], HIDDEN, speculative_tokens=4, replays=True)
+    for t, r, w in zip(trim.speculation, replay.speculation, MEASURED):
+        d = max(1.0, min(4.0, w.drafts_per_pass))
+        added = (1 - w.acceptance ** d) * 20 * (w.acceptance * d + 1) / 7  # both stages, accepted + 1 more rows
+        assert r.tokens_per_pass == t.tokens_per_pass
+        yielded = t.tokens_per_pass * trim.ms_per_token_1  # the pass's tokens at a plain token's time
+        assert r.gain == pytest.approx(yielded / (yielded / t.gain + added))
+
+
+def test_a_plan_of_a_family_that_refuses_speculation_predicts_none_and_says_why():
+    from orchestrator.planner import PlanSettings, plan_cluster
+    from tests.planner.support import llama, node
+
+    settings = PlanSettings(speculative_tokens=4)
+    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    plain = plan_cluster(llama(), timed, settings)
+    refused = plan_cluster(llama(model_type="plamo3", name="plamo3-like"), timed, settings)
+    assert plain.performance.speculation and "speculative" not in plain.performance.timing_note
+    assert refused.performance.speculation == ()
+    assert "no speculative decoding: its sliding-window layers" in refused.performance.timing_note
+
+
+def test_a_plan_of_a_windowed_model_prices_the_replay():
+    from orchestrator.models.kv_layers import LayerCache
+    from orchestrator.planner import PlanSettings, plan_cluster
+    from tests.planner.support import llama, node
+
+    settings = PlanSettings(speculative_tokens=4)
+    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    kv = LayerCache(kind="attention", token_bytes=384)
+    model = llama()
+    plain = plan_cluster(model.model_copy(update={"layer_caches": (kv,) * 30}), timed, settings).performance
+    windowed = plan_cluster(model.model_copy(update={"layer_caches": (kv, kv.model_copy(update={
+        "kind": "sliding", "window": 512}),) * 15}), timed, settings).performance
+    assert [g.gain < p.gain for g, p in zip(windowed.speculation, plain.speculation)] == [True] * len(MEASURED)

@@ -70,7 +70,7 @@ class _StandInModel:
         self.model_dir = Path()  # no tokenizer: a profiled step is never constrained by a grammar
         self.extras_in: dict[str, tuple[int, ...]] = {}  # only the hidden state crosses its boundary
         self.hidden_shape = (info.hidden_size,)
-        self.speculation_refusal, self.positional_boundaries = None, True  # a profiled step never verifies
+        self.speculation_refusal = None  # a profiled step never verifies
         self._hidden = mx.zeros((1, 1, info.hidden_size), dtype)
         # The head's math is timed with the layers (head_ms); real-size logits here make the
         # sampler's log-softmax, argmax and `.item()` reads cost what they do when serving.

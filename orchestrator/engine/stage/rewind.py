@@ -62,7 +62,7 @@ class Rewind:
 
     def __init__(self, cache: list[Any], replays: bool = True) -> None:
         self.trims = trims(cache)
-        self.replays = replays  # False: a stage whose inputs cannot be joined (StageModel.positional_boundaries)
+        self.replays = replays  # False: a stage that refuses speculation (StageModel.speculation_refusal)
         self.floor: int | None = None  # after a verification chunk: the lowest position it may go back to
         self.point: RewindPoint | None = None
         self.replay: Any = None  # accepted positions waiting to run in front of the next input

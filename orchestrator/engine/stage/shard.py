@@ -35,7 +35,6 @@ from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, conc
 from orchestrator.engine.stage.hyper_streams import STREAMS_MIX, hyper_streams
 from orchestrator.engine.stage.interrupt import LayerChecks
 from orchestrator.engine.stage.model_parts import ShardError, activation_dtype, hollow_ends, layer_list
-from orchestrator.engine.stage.rewind import trims
 from orchestrator.engine.stage.stand_ins import (
     Checkpoint,
     Entry,
@@ -194,21 +193,9 @@ class StageModel:
         return sum(v.nbytes for _, v in nn.utils.tree_flatten(self._model.parameters()))
 
     @property
-    def positional_boundaries(self) -> bool:
-        """Whether everything crossing this stage's boundaries is one entry per position, so that the
-        inputs of consecutive forwards can be joined and replayed (rewind.py). Not DeepSeek-V4.1's
-        shared state: compressed entries per full group, one flag per candidate block."""
-        return self._streams is None or not (self._streams.incoming or self._streams.outgoing)
-
-    @property
     def speculation_refusal(self) -> str | None:
         """Why this stage cannot verify drafted tokens exactly, or None (docs/speculation.md)."""
-        if self.family in support.CHUNKS_DIFFER:
-            return support.CHUNKS_DIFFER[self.family]
-        if not self.positional_boundaries and not trims(self.make_cache()):
-            return ("its caches cannot trim, and its boundaries carry state per compressed group rather than "
-                    "per position, so a rollback cannot be replayed in front of the next input")
-        return None
+        return support.speculation_refusal(self.family, split=not (self.first and self.last))
 
     def expects(self, position: int) -> Any:
         """What a frame for a step from `position` carries beside the hidden state (tensors.py's

@@ -49,7 +49,7 @@ class RequestState:
     draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
     rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
     drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
-    replays: bool = True  # the stage's inputs can be joined for a replay (StageModel.positional_boundaries)
+    replays: bool = True  # False on a stage that refuses speculation: never a rewind point
 
     def __post_init__(self) -> None:
         self.rewind = Rewind(self.cache, self.replays)
@@ -198,7 +198,7 @@ class Stage:
                 self._error(frame.request_id, f"stage {self.index}: prompt cache: {exc}")
                 return []  # the coordinator starts the request again, without this entry
             self.requests[frame.request_id] = RequestState(cache, sampler, position,
-                                                           replays=self.model.positional_boundaries)
+                                                           replays=self.rollback is not None)
         elif frame.kind is Kind.DRAFT:
             self._draft(frame)
         elif frame.kind is Kind.CLOSE:
