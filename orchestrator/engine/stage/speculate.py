@@ -25,6 +25,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from orchestrator.engine.wire import Flag, Frame, Kind
+
 MAX_DRAFT = 16  # drafted tokens one pass may carry
 
 
@@ -57,4 +59,16 @@ def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, 
     return out
 
 
-__all__ = ["MAX_DRAFT", "parse_draft", "verify"]
+def verified(request_id: int, start: int, sampler: Any, logits: mx.array, draft: list[int]) -> list[Frame]:
+    """The RESULT frames of a verification chunk from position `start` (its logits [1, k+1, V]): the
+    accepted drafts plus one, all but the last flagged RUN. ValueError when the chunk does not fit
+    the draft, or the sampler refuses."""
+    width = int(logits.shape[1])
+    if width != len(draft) + 1:
+        raise ValueError(f"a chunk of {width} tokens cannot verify {len(draft)} drafts")
+    emitted = verify(sampler, logits, draft)
+    return [Frame(Kind.RESULT, request_id, start + i + 1, flags=Flag.RUN if i < len(emitted) - 1 else Flag.NONE,
+                  payload=sampler.encode(token, lp)) for i, (token, lp) in enumerate(emitted)]
+
+
+__all__ = ["MAX_DRAFT", "parse_draft", "verified", "verify"]

@@ -14,7 +14,6 @@ import socket
 import threading
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -28,31 +27,16 @@ from orchestrator.engine.stage.gate import Gate
 from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned, overlap_for
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
-from orchestrator.engine.stage.rewind import Rewind, output, trims
+from orchestrator.engine.stage.request import RequestState
+from orchestrator.engine.stage.rewind import output, trims
 from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import StageModel
-from orchestrator.engine.stage.speculate import parse_draft, verify
+from orchestrator.engine.stage.speculate import parse_draft, verified
 from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
 from orchestrator.engine.stage_address import next_address
 from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
 from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
 from orchestrator.logs import EventLogger
-
-
-@dataclass
-class RequestState:
-    """One request's state on this stage."""
-
-    cache: list[Any]
-    sampler: Sampler | None = None
-    position: int = 0
-    draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
-    rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
-    drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
-    replays: bool = True  # False on a stage that refuses speculation: never a rewind point
-
-    def __post_init__(self) -> None:
-        self.rewind = Rewind(self.cache, self.replays)
 
 
 class Stage:
@@ -401,17 +385,11 @@ class Stage:
     def _verify(self, f: Frame, s: RequestState, logits: mx.array, width: int) -> list[Frame]:
         """The RESULTs of a verification chunk: the accepted drafts plus one, all but the last flagged RUN."""
         draft, s.draft = s.draft or [], None
-        if width != len(draft) + 1:
-            self._end_request(f.request_id, ValueError(f"a chunk of {width} tokens cannot verify {len(draft)} drafts"))
-            return []
-        start = s.position - width
         try:
-            emitted = verify(s.sampler, logits, draft)
+            return verified(f.request_id, s.position - width, s.sampler, logits, draft)
         except ValueError as exc:
             self._end_request(f.request_id, exc)
             return []
-        return [Frame(Kind.RESULT, f.request_id, start + i + 1, flags=Flag.RUN if i < len(emitted) - 1 else Flag.NONE,
-                      payload=s.sampler.encode(token, lp)) for i, (token, lp) in enumerate(emitted)]
 
     def _end_request(self, request_id: int, exc: Exception | str) -> None:
         self._error(request_id, f"stage {self.index}: {exc}")

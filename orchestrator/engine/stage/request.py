@@ -1,0 +1,28 @@
+"""One request's state on a stage (owned by the stage's MLX thread)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.engine.stage.rewind import Rewind
+from orchestrator.engine.stage.sampling import Sampler
+
+
+@dataclass
+class RequestState:
+    """One request's state on this stage."""
+
+    cache: list[Any]
+    sampler: Sampler | None = None
+    position: int = 0
+    draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
+    rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
+    drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
+    replays: bool = True  # False on a stage that refuses speculation: never a rewind point
+
+    def __post_init__(self) -> None:
+        self.rewind = Rewind(self.cache, self.replays)
+
+
+__all__ = ["RequestState"]
