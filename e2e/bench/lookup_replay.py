@@ -16,12 +16,12 @@ Prints a Markdown table (docs/benchmark.md).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
+from e2e.bench.procs import model_parser
 from orchestrator.engine import blas
 from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 
@@ -51,8 +51,7 @@ def replay(prompt: list[int], answer: list[int], cost: dict[int, float], maximum
 
 def main(argv: list[str] | None = None) -> int:
     """Measure, replay and print the table."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2")
+    p = model_parser(__doc__)
     p.add_argument("--tokens", type=int, default=96, help="answer tokens per workload (the speculation bench's 96)")
     p.add_argument("--draft", type=int, default=4, help="the cluster's speculative_tokens")
     args = p.parse_args(argv)
@@ -61,9 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     from mlx_lm import load
     from mlx_lm.generate import generate_step
 
-    from e2e.bench.procs import prepare_model
+    from e2e.bench.procs import prepare_model, whole_model_stage
     from e2e.bench.speculation import WORKLOADS
-    from orchestrator.engine.stage.shard import StageModel, read_config
 
     model_dir = prepare_model(args.model)
     model, tokenizer = load(str(model_dir))
@@ -78,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         answers[name] = (prompt, answer)
     del model
 
-    stage = StageModel(model_dir, 0, int(read_config(model_dir)["num_hidden_layers"]))
+    stage = whole_model_stage(model_dir)
     cache = stage.make_cache()
     mx.eval(stage.forward(mx.array([answers["free chat"][0]]), cache))
     times: dict[int, list[float]] = {d: [] for d in range(args.draft + 1)}

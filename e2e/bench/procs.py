@@ -8,6 +8,7 @@ lines come from `worker.argv`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -30,6 +31,21 @@ def prepare_model(which: str) -> Path:
     if res.returncode:
         raise RuntimeError(f"preparing {which} failed:\n{res.stderr[-3000:]}")
     return Path(res.stdout.strip().splitlines()[-1])
+
+
+def model_parser(doc: str) -> argparse.ArgumentParser:
+    """A bench's command line: its docstring's first paragraph, and `--model` (a benchmark model, `prepare_model`)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="benchmark model (default: the demo's SmolLM2)")
+    return p
+
+
+def whole_model_stage(model_dir: Path):
+    """One StageModel over all of `model_dir`'s layers, in this process (an in-process timing bench:
+    call after `blas.preload`)."""
+    from orchestrator.engine.stage.shard import StageModel, read_config
+
+    return StageModel(model_dir, 0, int(read_config(model_dir)["num_hidden_layers"]))
 
 
 class ReferenceWorker:

@@ -14,12 +14,12 @@ yields (a + 1) × a plain step ÷ that cost, the hops left out. Prints a Markdow
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
+from e2e.bench.procs import model_parser
 from orchestrator.engine import blas
 
 CORES = os.cpu_count() or 1
@@ -28,20 +28,17 @@ CONTEXT = 150
 
 def main(argv: list[str] | None = None) -> int:
     """Measure both rollbacks and print the table."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2")
+    p = model_parser(__doc__)
     p.add_argument("--draft", type=int, default=4, help="drafted tokens per pass")
     p.add_argument("--rounds", type=int, default=25, help="timed passes per row and way, interleaved")
     args = p.parse_args(argv)
     blas.preload(CORES)  # before mlx is imported
     import mlx.core as mx
 
-    from e2e.bench.procs import prepare_model
+    from e2e.bench.procs import prepare_model, whole_model_stage
     from orchestrator.engine.stage.rewind import Rewind, output
-    from orchestrator.engine.stage.shard import StageModel, read_config
 
-    model_dir = prepare_model(args.model)
-    stage = StageModel(model_dir, 0, int(read_config(model_dir)["num_hidden_layers"]))
+    stage = whole_model_stage(prepare_model(args.model))
     cache = stage.make_cache()
     mx.eval(stage.forward(mx.array([[(i * 37 + 11) % 5000 for i in range(CONTEXT)]]), cache))
     chunk = mx.array([list(range(100, 101 + args.draft))])
