@@ -35,8 +35,8 @@ def test_the_counts_behind_the_health_reports_speculation():
 
 
 def test_health_says_when_a_stage_refuses_to_speculate():
-    """A stand-in pipeline (only its health snapshot and draft limit are read): a stage whose PONG said its
-    caches cannot roll back makes the report say the cluster never drafts; off, there is no report."""
+    """A stand-in pipeline (only its health snapshot and draft limit are read): a stage whose PONG said it
+    cannot verify drafts makes the report say the cluster never drafts, and why; off, there is no report."""
     from types import SimpleNamespace
 
     from orchestrator.engine.coordinator.api import Coordinator
@@ -44,11 +44,14 @@ def test_health_says_when_a_stage_refuses_to_speculate():
     from orchestrator.logs import EventLogger
 
     def report(k: int, *can: bool) -> dict | None:
-        stages = tuple(StageHealth(f"stage-{i}", "127.0.0.1:1", True, 0.1, {"speculation": c})
+        stages = tuple(StageHealth(f"stage-{i}", "127.0.0.1:1", True, 0.1,
+                                   {"speculation": c, **({} if c else {"speculation_refused": f"stage {i}'s reason"})})
                        for i, c in enumerate(can))
         pipeline = SimpleNamespace(health=Health("ready", "", stages, 0), speculative_tokens=k)
         return Coordinator(pipeline, None, "m", Metrics(["stage-0"]), EventLogger("t")).health()[1]["speculation"]
 
-    assert report(4, True, True) == {"max_drafts": 4, "passes": 0, "drafted": 0, "accepted": 0, "refused": False}
-    assert report(4, True, False)["refused"]
+    assert report(4, True, True) == {"max_drafts": 4, "passes": 0, "drafted": 0, "accepted": 0, "refused": False,
+                                     "refusal": None}
+    refused = report(4, True, False)
+    assert refused["refused"] and refused["refusal"] == "stage 1's reason"
     assert report(0, True, True) is None
