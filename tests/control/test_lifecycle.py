@@ -76,6 +76,9 @@ def test_restart_re_adopts_a_healthy_session_without_registering_twice(env: Env)
     wait_until(lambda: (now := lease_ends(env, s.id)).keys() == first.keys()
                and all(now[k] > first[k] + 1.0 for k in first), 15, 0.2, message="every lease renewed")
     assert orch2.state.session(s.id).phase == "running" and len(env.engine_processes()) == 3
+    # A session is Healthy once registered, before the router's first probe of it has answered: asked at
+    # once on a loaded machine the router can still say "starting" (503), as right after a launch.
+    wait_router_lists(env, True, timeout=30)
     assert isinstance(ask(env), str)
 
 
