@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_pass(accepted: int, replay: bool) -> tuple[float, float]:
         """(the verification chunk's seconds, the next step's), caches put back afterwards."""
-        rw = Rewind(cache)
-        rw.trims = not replay  # the demo's caches trim: the replay is forced, for the comparison
+        rw = Rewind("replay" if replay else "trim")  # the demo's caches trim: the replay is forced, to compare
         started = time.perf_counter()
         position = run(chunk, CONTEXT, rw, True)
         verified = time.perf_counter()

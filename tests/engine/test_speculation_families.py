@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from orchestrator.engine.stage.rewind import Rewind, output, trims
+from orchestrator.engine.stage.rewind import Rewind, output, rollback_of, trims
 from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import verify
@@ -31,7 +31,7 @@ NAMES = sorted(FAMILIES)
 def speculate(stages: list[StageModel], prompt: list[int], answer: list[int], skip_trim: bool = False) -> list[int]:
     """Greedy generation of len(answer) tokens through `stages`, verifying oracle drafts each pass."""
     caches = [s.make_cache() for s in stages]
-    rewinds = [Rewind(c) for c in caches]
+    rewinds = [Rewind(rollback_of(c)) for c in caches]
     held = [0] * len(stages)  # the position each stage's caches hold
     sampler = Sampler()
 

@@ -19,10 +19,10 @@ class RequestState:
     draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
     rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
     drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
-    replays: bool = True  # False on a stage that refuses speculation: never a rewind point
+    rollback: str | None = "trim"  # the stage's rollback_of its caches; None: it refuses speculation
 
     def __post_init__(self) -> None:
-        self.rewind = Rewind(self.cache, self.replays)
+        self.rewind = Rewind(self.rollback)
 
 
 __all__ = ["RequestState"]

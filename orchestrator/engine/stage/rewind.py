@@ -18,7 +18,7 @@ the replay runs as a forward of its own first and a fresh point is taken.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, RotatingKVCache, can_trim_prompt_cache
@@ -43,29 +43,33 @@ def trims(cache: list[Any]) -> bool:
     return bool(cache) and can_trim_prompt_cache(cache) and all(plain(c) for c in cache)
 
 
+def rollback_of(cache: list[Any]) -> str:
+    """How a fresh request cache of this model goes back after a verification chunk: "trim" or "replay"."""
+    return "trim" if trims(cache) else "replay"
+
+
 @dataclass
 class RewindPoint:
     """A request's caches as they were at `position`, and what the stage ran for it since."""
 
     fields: list[Any]
     position: int
-    inputs: list[Any] = field(default_factory=list)  # each [1, L, ...]: token ids or hidden states
-
-    @property
-    def ran(self) -> int:
-        """Positions run since the point."""
-        return sum(int(x.shape[1]) for x in self.inputs)
+    inputs: list[Any]  # each [1, L, ...]: token ids or hidden states
 
 
 class Rewind:
     """One request's rollback on one stage (its MLX thread): trim, or rewind point and replay."""
 
-    def __init__(self, cache: list[Any], replays: bool = True) -> None:
-        self.trims = trims(cache)
-        self.replays = replays  # False: a stage that refuses speculation (StageModel.speculation_refusal)
+    def __init__(self, how: str | None) -> None:
+        self.how = how  # rollback_of the model's caches; None: a stage that refuses speculation
         self.floor: int | None = None  # after a verification chunk: the lowest position it may go back to
         self.point: RewindPoint | None = None
         self.replay: Any = None  # accepted positions waiting to run in front of the next input
+
+    @property
+    def trims(self) -> bool:
+        """Whether the caches roll back by trimming."""
+        return self.how == "trim"
 
     @property
     def pending(self) -> int:
@@ -98,20 +102,19 @@ class Rewind:
         the forward starts from, and how many leading positions of its output to drop. Takes a rewind
         point for a verification chunk on caches that cannot trim."""
         replay, self.replay = self.replay, None
-        if self.trims or not self.replays:
+        if self.how != "replay":
             return x, position, 0
-        if not verifying:
-            self.point = None  # a plain step: no rollback may follow it
-            return (x, position, 0) if replay is None else (join([replay, x]), position, int(replay.shape[1]))
-        if replay is not None and int(replay.shape[1]) + int(x.shape[1]) > REPLAY_MAX:
+        if verifying and replay is not None and int(replay.shape[1]) + int(x.shape[1]) > REPLAY_MAX:
             forward(replay, cache)  # the replay on its own; the new point is taken after it
             position, replay = position + int(replay.shape[1]), None
-        if replay is None:
+        if not verifying:
+            self.point = None  # a plain step: no rollback may follow it
+        elif replay is None:
             self.point = RewindPoint(snapshot([cache])[0], position, [x])
-            return x, position, 0
-        assert self.point is not None  # a replay comes from a rollback to this point
-        self.point.inputs = [replay, x]
-        return join([replay, x]), position, int(replay.shape[1])
+        else:
+            assert self.point is not None  # a replay comes from a rollback to this point
+            self.point.inputs = [replay, x]
+        return (x, position, 0) if replay is None else (join([replay, x]), position, int(replay.shape[1]))
 
     def ran(self, chunk_position: int, verifying: bool) -> None:
         """After the forward of a chunk that starts at `chunk_position`: a verification chunk may be
@@ -133,4 +136,4 @@ def output(h: Any, drop: int) -> Any:
     return h if drop == 0 else positions(h, drop)
 
 
-__all__ = ["REPLAY_MAX", "Rewind", "RewindPoint", "output", "trims"]
+__all__ = ["REPLAY_MAX", "Rewind", "RewindPoint", "output", "rollback_of", "trims"]

@@ -60,7 +60,7 @@ def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, 
 
 
 def verified(request_id: int, start: int, sampler: Any, logits: mx.array, draft: list[int]) -> list[Frame]:
-    """The RESULT frames of a verification chunk from position `start` (its logits [1, k+1, V]): the
+    """The RESULT frames of a verification chunk that starts at position `start` (logits [1, k+1, V]): the
     accepted drafts plus one, all but the last flagged RUN. ValueError when the chunk does not fit
     the draft, or the sampler refuses."""
     width = int(logits.shape[1])

@@ -28,7 +28,7 @@ from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUS
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
 from orchestrator.engine.stage.request import RequestState
-from orchestrator.engine.stage.rewind import output, trims
+from orchestrator.engine.stage.rewind import output, rollback_of
 from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import parse_draft, verified
@@ -62,7 +62,7 @@ class Stage:
         self.links = Links(self.index, next_node, secret, max_frame, log)
         refusal = model.speculation_refusal
         # how a request goes back after a verification chunk (rewind.py); None: this stage never verifies
-        self.rollback = None if refusal else "trim" if trims(model.make_cache()) else "replay"
+        self.rollback = None if refusal else rollback_of(model.make_cache())
         speculation = {"speculation": refusal is None, "rollback": self.rollback}
         if refusal:
             speculation["speculation_refused"] = refusal
@@ -181,8 +181,7 @@ class Stage:
             except CacheMiss as exc:  # passed on: the next stages must not start the request either
                 self._error(frame.request_id, f"stage {self.index}: prompt cache: {exc}")
                 return []  # the coordinator starts the request again, without this entry
-            self.requests[frame.request_id] = RequestState(cache, sampler, position,
-                                                           replays=self.rollback is not None)
+            self.requests[frame.request_id] = RequestState(cache, sampler, position, rollback=self.rollback)
         elif frame.kind is Kind.DRAFT:
             self._draft(frame)
         elif frame.kind is Kind.CLOSE:
@@ -362,7 +361,7 @@ class Stage:
         sampled = []
         for (f, s, _), h in zip(work, hs):
             if f.flags & Flag.SAMPLE and s.draft is not None:
-                results += self._verify(f, s, h, int(h.shape[1]))
+                results += self._verify(f, s, h)
             elif f.flags & Flag.SAMPLE:
                 try:
                     sampled.append((f, s, s.sampler.logprobs(h)))
@@ -382,11 +381,11 @@ class Stage:
             self._send_coordinator(results)
         return []
 
-    def _verify(self, f: Frame, s: RequestState, logits: mx.array, width: int) -> list[Frame]:
+    def _verify(self, f: Frame, s: RequestState, logits: mx.array) -> list[Frame]:
         """The RESULTs of a verification chunk: the accepted drafts plus one, all but the last flagged RUN."""
         draft, s.draft = s.draft or [], None
         try:
-            return verified(f.request_id, s.position - width, s.sampler, logits, draft)
+            return verified(f.request_id, f.position, s.sampler, logits, draft)
         except ValueError as exc:
             self._end_request(f.request_id, exc)
             return []

@@ -13,7 +13,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from orchestrator.engine.stage import rewind
-from orchestrator.engine.stage.rewind import Rewind, output, trims
+from orchestrator.engine.stage.rewind import Rewind, output, rollback_of, trims
 from orchestrator.engine.stage.shard import StageModel
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(30)]
@@ -46,7 +46,7 @@ def test_which_caches_trim():
 
 def test_plain_kv_trims_every_layer():
     cache = _filled(10)
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     rw.ran(5, True)  # a chunk from position 5 ran
     assert rw.back(cache, 10, 7) == 7
     assert [c.offset for c in cache] == [7, 7] and rw.pending == 0
@@ -55,7 +55,7 @@ def test_plain_kv_trims_every_layer():
 @pytest.mark.parametrize("to,verified", [(5, True), (10, True), (11, True), (7, False)])
 def test_a_rollback_the_last_chunk_does_not_allow_changes_nothing(to, verified):
     cache = _filled(10)
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     if verified:
         rw.ran(5, True)
     with pytest.raises(ValueError, match="KV position"):
@@ -65,7 +65,7 @@ def test_a_rollback_the_last_chunk_does_not_allow_changes_nothing(to, verified):
 
 def test_skip_trim_fault_moves_the_position_only():
     cache = _filled(10)
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     rw.ran(5, True)
     assert rw.back(cache, 10, 7, skip_trim=True) == 7
     assert [c.offset for c in cache] == [10, 10]
@@ -86,7 +86,7 @@ def test_a_replayed_rollback_leaves_the_caches_of_the_accepted_positions(family_
     cache, direct = model.make_cache(), model.make_cache()
     for c in (cache, direct):
         mx.eval(model.forward(mx.array(PROMPT)[None], c), [x.state for x in c])
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     assert not rw.trims
     position = _verified(rw, cache, len(PROMPT), CHUNK, model)
     assert rw.back(cache, position, len(PROMPT) + 3) == len(PROMPT)  # two drafts accepted
@@ -102,7 +102,7 @@ def test_the_replay_runs_in_front_of_the_next_input_and_its_output_is_dropped(fa
     model = StageModel(family_model(family), 0, 2)
     cache = model.make_cache()
     mx.eval(model.forward(mx.array(PROMPT)[None], cache), [c.state for c in cache])
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     position = rw.back(cache, _verified(rw, cache, len(PROMPT), CHUNK, model), len(PROMPT) + 1)
     x, start, drop = rw.prepare(cache, position, mx.array([[42]]), False, model.forward)
     assert (start, drop, int(x.shape[1])) == (len(PROMPT), 1, 2)
@@ -115,7 +115,7 @@ def test_a_long_replay_runs_on_its_own_before_the_next_verification(family_model
     model = StageModel(family_model("mamba2"), 0, 2)
     cache = model.make_cache()
     mx.eval(model.forward(mx.array(PROMPT)[None], cache), [c.state for c in cache])
-    rw = Rewind(cache)
+    rw = Rewind(rollback_of(cache))
     position = rw.back(cache, _verified(rw, cache, len(PROMPT), CHUNK, model), len(PROMPT) + 4)
     ran: list[int] = []
 
@@ -130,7 +130,7 @@ def test_a_long_replay_runs_on_its_own_before_the_next_verification(family_model
 
 def test_a_replaying_stage_without_a_rewind_point_refuses():
     cache = [ArraysCache(1)]
-    rw = Rewind(cache, replays=False)  # a stage whose inputs cannot be joined never takes one
+    rw = Rewind(None)  # a stage that refuses speculation never takes one
     x, start, drop = rw.prepare(cache, 3, mx.array([CHUNK]), True, None)
     assert rw.point is None and drop == 0
     rw.ran(3, True)
