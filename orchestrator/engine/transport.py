@@ -15,18 +15,24 @@ from orchestrator.engine import wire
 from orchestrator.engine.wire import Flag, Frame, FrameError, HandshakeError
 
 HANDSHAKE_TIMEOUT = 5.0  # for the WHOLE handshake, however slowly its bytes trickle in
+_MORE = int(Flag.MORE)  # tested on every frame read: an int test, not an IntFlag operation
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly n bytes or raise ConnectionError on end of stream."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError(f"peer closed the connection ({got} of {n} bytes read)")
-        got += k
+    # One call in the usual case: MSG_WAITALL blocks until all n bytes are in (a frame's header
+    # or payload), where a loop of recv_into calls costs a syscall and a copy each.
+    data = sock.recv(n, socket.MSG_WAITALL)
+    if len(data) == n:
+        return data
+    # Short: the peer closed, a signal arrived, or the socket has a timeout (non-blocking
+    # underneath, so WAITALL returns what was there): finish with plain reads.
+    buf = bytearray(data)
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"peer closed the connection ({len(buf)} of {n} bytes read)")
+        buf += chunk
     return bytes(buf)
 
 
@@ -72,24 +78,19 @@ class Connection:
 
     def send_group(self, frames: list[Frame]) -> None:
         """Send frames as one micro-batch: MORE on all but the last."""
-        n = len(frames)
-        self.send(*[
-            Frame(f.kind, f.request_id, f.position, f.dtype, f.shape,
-                  (f.flags | Flag.MORE) if i < n - 1 else (f.flags & ~Flag.MORE), f.payload)
-            for i, f in enumerate(frames)
-        ])
+        last = len(frames) - 1
+        self.send(*[f.with_more(i < last) for i, f in enumerate(frames)])
 
     def recv(self) -> Frame:
         """Read one frame; FrameError for malformed input, ConnectionError on close."""
-        frame, length = wire.decode_header(recv_exact(self.sock, wire.HEADER_SIZE), self.max_frame_bytes)
-        payload = recv_exact(self.sock, length) if length else b""
+        head, length = wire.decode_header(recv_exact(self.sock, wire.HEADER_SIZE), self.max_frame_bytes)
         self.bytes_received += wire.HEADER_SIZE + length
-        return Frame(frame.kind, frame.request_id, frame.position, frame.dtype, frame.shape, frame.flags, payload)
+        return head._replace(payload=recv_exact(self.sock, length)) if length else head
 
     def recv_group(self) -> list[Frame]:
         """Read frames up to and including the first without the MORE flag."""
         group = [self.recv()]
-        while group[-1].flags & Flag.MORE:
+        while int(group[-1].flags) & _MORE:
             if len(group) >= wire.MAX_GROUP:
                 raise FrameError(f"micro-batch longer than {wire.MAX_GROUP} frames")
             group.append(self.recv())

@@ -102,13 +102,13 @@ class NotReady(RuntimeError):
 class Generation:
     """A handle on one submitted request: read `events`, call `cancel()` to abandon it."""
 
-    def __init__(self, prompt: list[int], params: GenerationParams, inbox: queue.Queue,
+    def __init__(self, prompt: list[int], params: GenerationParams, inbox: queue.SimpleQueue,
                  marks: tuple[int, ...] = ()) -> None:
         self.prompt = prompt
         self.params = params
         self.marks = marks  # prompt positions worth a prompt-cache checkpoint (the end of a system prompt)
         self.cached_tokens = 0  # prompt tokens served from the prompt cache (set before the first token)
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # one token event per step: C put/get
         self.submitted = now()
         self._inbox = inbox
 

@@ -25,7 +25,7 @@ class StageLink:
     """One stage as the coordinator sees it."""
 
     def __init__(self, index: int, node_id: str, address: tuple[str, int], secret: bytes,
-                 max_frame: int, inbox: queue.Queue, log: EventLogger) -> None:
+                 max_frame: int, inbox: queue.SimpleQueue, log: EventLogger) -> None:
         self.index = index
         self.node_id = node_id
         self.address = address

@@ -52,7 +52,7 @@ class Liveness:
     log: EventLogger
     watchdog: Watchdog
     health: Health
-    _inbox: queue.Queue
+    _inbox: queue.SimpleQueue
     _active: dict[int, "_Active"]
     _last_seen: dict[int, float]
     _stats: dict[int, dict]

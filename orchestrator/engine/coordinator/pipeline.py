@@ -74,7 +74,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         self.prefill_step = config.cluster.prefill_step_size
         self.max_batch = config.cluster.max_batch
         self.max_requests = config.cluster.max_requests
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # C put/get: a cheaper hand-off per token
         self.links = [
             StageLink(i, s.id, s.host_port, secret, config.cluster.max_frame_bytes, self._inbox, log)
             for i, s in enumerate(config.stages)

@@ -94,11 +94,19 @@ class _StandInModel:
 
 
 def _pair(role: str) -> tuple[Any, Any]:
-    """Two connected transport.Connections (no handshake: both ends are ours)."""
+    """Two connected transport.Connections (no handshake: both ends are ours); the first notes
+    when its last send returned (`sent_at`): where the timed process's path ends."""
     from orchestrator.engine.transport import Connection
 
+    class Timed(Connection):
+        sent_at = 0.0
+
+        def send(self, *frames: Any) -> None:
+            super().send(*frames)
+            self.sent_at = time.perf_counter()
+
     a, b = socket.socketpair()
-    return Connection(a, "profile", role, 1 << 30), Connection(b, "profile", role, 1 << 30)
+    return Timed(a, "profile", role, 1 << 30), Connection(b, "profile", role, 1 << 30)
 
 
 def _drain(conn: Any, got: queue.Queue | None = None) -> None:
@@ -131,14 +139,15 @@ def _stage(info: Any, dtype: Any, last: bool) -> Any:
 
 def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = STEPS, idle_s: float = 0.0) -> float:
     """Median ms of one decode step of `rows` requests through a stage, layers excepted: from
-    its input frames on the socket to its output frames sent on; `idle_s` asleep before each."""
+    its input frames on the socket to its output frames sent on (its send returned: reading them
+    is the next process's path, which starts at its socket); `idle_s` asleep before each."""
     from orchestrator.engine.tensors import to_frame
     from orchestrator.engine.wire import Flag, Frame, Kind, encode
 
     stage = _stage(info, dtype, last)
     up, stage_in = _pair("coordinator" if last else "stage-0")
     stage_out, down = _pair("stage")
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()  # the stage's own inbox is one (its gate's readers feed it)
     if last:
         stage.links.coordinator = stage_out
     else:
@@ -166,7 +175,7 @@ def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = S
             stage._handle_group(inbox.get(timeout=WAIT_S))
             _expect(got, Kind.RESULT if last else Kind.FORWARD, rows)  # the next hop has the whole group
             if step >= 3:
-                times.append((time.perf_counter() - t0) * 1000)
+                times.append((stage_out.sent_at - t0) * 1000)
         return statistics.median(times)
     finally:
         for c in (up, stage_in, stage_out, down):
@@ -176,16 +185,14 @@ def time_stage_path(info: Any, dtype: Any, rows: int, last: bool, steps: int = S
 
 def _more(frames: list[Any]) -> list[Any]:
     """A micro-batch as `Connection.send_group` marks it: MORE on all but the last frame."""
-    from orchestrator.engine.wire import Flag, Frame
-
-    return [Frame(f.kind, f.request_id, f.position, f.dtype, f.shape,
-                  (f.flags | Flag.MORE) if i < len(frames) - 1 else f.flags, f.payload) for i, f in enumerate(frames)]
+    return [f.with_more(i < len(frames) - 1) for i, f in enumerate(frames)]
 
 
-def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0) -> float:
-    """Median ms of the coordinator's work per decode step of `rows` requests, the scheduler's
-    and the streaming threads' together: RESULT frames in, a token event per request to its
-    streaming thread (which builds and writes the SSE chunk), the next step's frames out;
+def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0, streams: bool = False) -> float:
+    """Median ms of the coordinator's path per decode step of `rows` requests: RESULT frames in,
+    a token event per request to its streaming thread, the next step's frames sent to stage 0 —
+    the part of a token's interval the coordinator adds. With `streams`, until every streaming
+    thread has also built and written its SSE chunk (work that overlaps the stages' next step);
     `idle_s` asleep before each."""
     from orchestrator.engine.coordinator import openai_schema as oa
     from orchestrator.engine.coordinator.generation import TokenEvent
@@ -195,12 +202,12 @@ def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0) ->
 
     last, mine = _pair("coordinator")
     to_stage, stage0 = _pair("coordinator")
-    inbox: queue.Queue = queue.Queue()
-    streams = [queue.Queue() for _ in range(rows)]
+    inbox: queue.SimpleQueue = queue.SimpleQueue()  # as the scheduler's and each request's are
+    events = [queue.SimpleQueue() for _ in range(rows)]
     sinks = [socket.socketpair() for _ in range(rows)]  # each request's HTTP connection
     written = threading.Semaphore(0)
 
-    def streamer(events: queue.Queue, sink: socket.socket) -> None:
+    def streamer(events: queue.SimpleQueue, sink: socket.socket) -> None:
         rid = oa.completion_id("completion")
         while (event := events.get()) is not None:
             body = oa.response("completion", rid, "m", f"t{event.token}", None, None, None, stream=True)
@@ -216,7 +223,7 @@ def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0) ->
 
     threads = [threading.Thread(target=reader, daemon=True),
                threading.Thread(target=_drain, args=(stage0,), daemon=True)]
-    threads += [threading.Thread(target=streamer, args=(q, s[0]), daemon=True) for q, s in zip(streams, sinks)]
+    threads += [threading.Thread(target=streamer, args=(q, s[0]), daemon=True) for q, s in zip(events, sinks)]
     threads += [threading.Thread(target=_drain_raw, args=(s[1],), daemon=True) for s in sinks]
     for t in threads:
         t.start()
@@ -232,17 +239,17 @@ def time_coordinator_path(rows: int, steps: int = STEPS, idle_s: float = 0.0) ->
             out = []
             for f in frames:
                 token, logprob, top = decode_result(f.payload)
-                streams[f.request_id].put(TokenEvent(token, logprob, tuple(top)))
+                events[f.request_id].put(TokenEvent(token, logprob, tuple(top)))
                 out.append(tokens_frame(f.request_id, f.position, [token], Flag.SAMPLE))
             to_stage.send_group(out)
             for _ in range(rows):  # every request's chunk is on its way to its client
                 if not written.acquire(timeout=WAIT_S):
                     raise PathError("a streaming thread wrote nothing")
             if step >= 3:
-                times.append((time.perf_counter() - t0) * 1000)
+                times.append(((time.perf_counter() if streams else to_stage.sent_at) - t0) * 1000)
         return statistics.median(times)
     finally:
-        for q in streams:
+        for q in events:
             q.put(None)
         for c in (last, mine, to_stage, stage0):
             c.close()
@@ -271,3 +278,20 @@ def step_overheads(info: Any, dtype: Any, batch: int) -> dict[str, float]:
         out[f"last_step_ms_{key}"] = time_stage_path(info, dtype, rows, last=True, idle_s=idle)
         out[f"coordinator_ms_{key}"] = time_coordinator_path(rows, idle_s=idle)
     return out
+
+
+def table(info: Any, dtype: Any, batch: int, rounds: int) -> list[str]:
+    """A markdown table of every path, `rounds` times: 1 row after IDLE_S asleep (a lone request's
+    step) and `batch` rows back to back; the coordinator also through its streaming threads."""
+    rows = ["| round | stage passing hidden on, 1 row / B rows | last stage (sampling), 1 / B | "
+            "coordinator, 1 / B | coordinator with SSE written, 1 / B |", "|---|---|---|---|---|"]
+    for r in range(rounds):
+        cells = []
+        for measure in (lambda n, idle: time_stage_path(info, dtype, n, last=False, idle_s=idle),
+                        lambda n, idle: time_stage_path(info, dtype, n, last=True, idle_s=idle),
+                        lambda n, idle: time_coordinator_path(n, idle_s=idle),
+                        lambda n, idle: time_coordinator_path(n, idle_s=idle, streams=True)):
+            cells.append(f"{measure(1, IDLE_S):.3f} / {measure(batch, 0.0):.3f}")
+        rows.append(f"| {r + 1} | " + " | ".join(cells) + " |")
+    return rows
+

@@ -31,7 +31,7 @@ class Gate:
     """Accepts and reads a stage's connections; `pong()` builds the answer to a PING."""
 
     def __init__(self, listener: socket.socket, secret: bytes, max_frame: int, upstream_role: str,
-                 cluster_hosts: Iterable[str], inbox: queue.Queue, pong: Callable[[], Frame],
+                 cluster_hosts: Iterable[str], inbox: queue.SimpleQueue, pong: Callable[[], Frame],
                  log: EventLogger) -> None:
         self.listener = listener
         self.secret = secret
@@ -48,9 +48,8 @@ class Gate:
 
     @property
     def resets(self) -> int:
-        """RESET frames read so far."""
-        with self._resets_lock:
-            return self._resets
+        """RESET frames read so far (an int read is atomic; only the increments take the lock)."""
+        return self._resets
 
     def start(self) -> None:
         """Accept connections in a background thread."""
@@ -150,7 +149,7 @@ class Gate:
             if any(f.kind is Kind.RESET for f in group):
                 with self._resets_lock:
                     self._resets += 1
-            self.inbox.put(("group", conn, group, self.resets))
+            self.inbox.put(("group", conn, group, self._resets))
 
 
 __all__ = ["ACCEPT_BACKOFF", "Gate", "MAX_PENDING_HANDSHAKES"]

@@ -141,6 +141,12 @@ class Sampler:
         self._next_key = mx.random.state[0]
         return token
 
+    def pick(self, logprobs: mx.array) -> tuple[mx.array, mx.array]:
+        """The sampled token id [1] and its log-prob [1, 1], both lazy: evaluated with the step in
+        ONE evaluation (a second one, to read the log-prob afterwards, wakes MLX's stream thread again)."""
+        token = self.sample(logprobs)
+        return token, mx.take_along_axis(logprobs, token.reshape(1, 1), axis=-1)
+
     def accept(self, token: int) -> None:
         """The step was evaluated and `token` chosen: advance history, key and grammar."""
         if self._next_key is not None:
@@ -152,9 +158,10 @@ class Sampler:
         if self.constraint is not None:
             self.constraint.accept(token)
 
-    def encode(self, token: int, logprobs: mx.array) -> bytes:
-        """The RESULT payload: token and its log-prob, then the top-k (id, log-prob) pairs if asked."""
-        out = RESULT.pack(token, logprobs[0, token].item())
+    def encode(self, token: int, logprob: float, logprobs: mx.array) -> bytes:
+        """The RESULT payload: token and its log-prob, then the top-k (id, log-prob) pairs of
+        `logprobs` [1, V] if asked."""
+        out = RESULT.pack(token, logprob)
         if self.top_logprobs:
             ids = mx.argsort(-logprobs[0])[: self.top_logprobs]
             values = logprobs[0, ids].tolist()

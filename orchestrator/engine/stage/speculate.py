@@ -40,20 +40,20 @@ def parse_draft(payload: Any, vocab: int) -> list[int]:
     return list(tokens)
 
 
-def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, mx.array]]:
+def verify(sampler: Any, logits: mx.array, draft: list[int]) -> list[tuple[int, float, mx.array]]:
     """Walk the k+1 positions of a verification chunk's logits [1, k+1, V] with the request's own
     sampler: sample each in turn, stop after the first sample that differs from its draft (or after
-    the last position). Returns (token, processed log-probs [1, V]) per emitted token; the sampler
-    has accepted each of them, as plain decode steps would have."""
-    out: list[tuple[int, mx.array]] = []
+    the last position). Returns (token, its log-prob, processed log-probs [1, V]) per emitted token;
+    the sampler has accepted each of them, as plain decode steps would have."""
+    out: list[tuple[int, float, mx.array]] = []
     mx.eval(logits)  # once: each position's evaluation below must not recompute the chunk's graph
     for i in range(len(draft) + 1):
         lp = sampler.logprobs(logits[:, i:i + 1, :])
-        token = sampler.sample(lp)
-        mx.eval(token, lp)
+        token, logprob = sampler.pick(lp)
+        mx.eval(token, logprob, lp)
         chosen = int(token.item())
         sampler.accept(chosen)
-        out.append((chosen, lp))
+        out.append((chosen, logprob.item(), lp))
         if i == len(draft) or chosen != draft[i]:
             break
     return out
@@ -68,7 +68,7 @@ def verified(request_id: int, start: int, sampler: Any, logits: mx.array, draft:
         raise ValueError(f"a chunk of {width} tokens cannot verify {len(draft)} drafts")
     emitted = verify(sampler, logits, draft)
     return [Frame(Kind.RESULT, request_id, start + i + 1, flags=Flag.RUN if i < len(emitted) - 1 else Flag.NONE,
-                  payload=sampler.encode(token, lp)) for i, (token, lp) in enumerate(emitted)]
+                  payload=sampler.encode(token, logprob, lp)) for i, (token, logprob, lp) in enumerate(emitted)]
 
 
 __all__ = ["MAX_DRAFT", "parse_draft", "verified", "verify"]

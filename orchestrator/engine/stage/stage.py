@@ -54,7 +54,8 @@ class Stage:
         next_node = stages[self.index + 1] if self.index + 1 < len(stages) else None
         upstream_role = "coordinator" if self.index == 0 else f"stage-{self.index - 1}"
         max_frame = config.cluster.max_frame_bytes
-        self.inbox: queue.Queue = queue.Queue()
+        # SimpleQueue: its put/get are C, a cheaper hand-off on every step than Queue's Python locks
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.gate = Gate(listener, secret, max_frame, upstream_role, (n.host_port[0] for n in config.nodes),
                          self.inbox, self._pong, log)
         # MLX-thread state
@@ -367,16 +368,17 @@ class Stage:
                     sampled.append((f, s, s.sampler.logprobs(h)))
                 except ValueError as exc:
                     self._end_request(f.request_id, exc)
-        tokens = [s.sampler.sample(lp) for _, s, lp in sampled]
-        mx.eval(tokens, [lp for _, _, lp in sampled], states)  # a prefill chunk's head is never computed
-        for (f, s, lp), token in zip(sampled, tokens):
+        picks = [s.sampler.pick(lp) for _, s, lp in sampled]  # each token with its log-prob: one evaluation
+        mx.eval(picks, [lp for _, _, lp in sampled], states)  # a prefill chunk's head is never computed
+        for (f, s, lp), (token, logprob) in zip(sampled, picks):
             chosen = int(token.item())
             try:
                 s.sampler.accept(chosen)
             except ValueError as exc:
                 self._end_request(f.request_id, exc)
                 continue
-            results.append(Frame(Kind.RESULT, f.request_id, s.position, payload=s.sampler.encode(chosen, lp)))
+            results.append(Frame(Kind.RESULT, f.request_id, s.position,
+                                 payload=s.sampler.encode(chosen, logprob.item(), lp)))
         if results:
             self._send_coordinator(results)
         return []
