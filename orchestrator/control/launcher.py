@@ -218,7 +218,7 @@ class Launcher:
             if self.cancel.is_set():
                 raise LaunchFailed("router", "launch cancelled")
             now = self.registrar.route_state(name, url, model)
-            if now.state != last.state:  # a step update per change of state, not per look
+            if now.state != last.state and not now.routable:  # one step update per change, not per look
                 report("running", f"{name}: entry written; {router} says {now.describe()}")
             last = now
             if self.clock.monotonic() - last_renew > self.t.lease / 3:
@@ -229,8 +229,8 @@ class Launcher:
         try:
             wait_until(routable, self.t.routable, ROUTABLE_POLL_S, message="the router to route", clock=self.clock)
         except WaitTimeout:
-            raise LaunchFailed("router", f"the router at {router} does not route to backend {name!r} ({url}) "
-                                         f"after {self.t.routable:.0f} s; it last reported: {last.describe()}") from None
+            raise LaunchFailed("router", f"the router at {router} does not route to backend {name!r} ({url}) after "
+                                         f"{self.t.routable:.0f} s; it last reported: {last.describe()}") from None
         report("done", f"{name}: routed by {router}")
 
     def rollback(self, failed_key: str | None = None) -> list[str]:

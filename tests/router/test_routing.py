@@ -56,7 +56,7 @@ def test_no_router_answering_is_a_state_with_its_reason():
 class _Backend(BaseHTTPRequestHandler):
     """A backend whose /v1/models answers as `self.server.status` says."""
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = b'{"object": "list", "data": [{"id": "m"}]}'
         self.send_response(self.server.status)  # type: ignore[attr-defined]
         self.send_header("Content-Type", "application/json")
