@@ -80,7 +80,7 @@ class Stack:
         return self
 
     def _control_plane(self) -> Orchestrator:
-        return Orchestrator(self.root / "dashboard", ConfigFileRegistrar(self.router_yaml),
+        return Orchestrator(self.root / "dashboard", ConfigFileRegistrar(self.router_yaml, self.router_url),
                             timeouts=Timeouts(listen=120, healthy=120, stop=5)).start()
 
     def restart_control_plane(self) -> Orchestrator:

@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--state-dir", type=Path, default=Path.home() / ".pipeserve" / "dashboard")
-    parser.add_argument("--router", default="http://127.0.0.1:8000", help="the router's URL (chat, model picker)")
+    parser.add_argument("--router", default="http://127.0.0.1:8000",
+                        help="the router's URL (chat, model picker; a session is Healthy once it routes to it)")
     parser.add_argument("--router-config", type=Path, default=None,
                         help="continuum-router YAML to register clusters in (default: <state-dir>/router.yaml)")
     parser.add_argument("--router-admin-url", default=None, help="register through the router's admin API instead")
@@ -127,15 +128,17 @@ def build(args: argparse.Namespace, log):
     from webapp.authstore import AuthStore
 
     isolate_asyncio_per_greenlet()  # before zeroconf starts its loop (discovery)
+    # --router is asked whether it routes to a session before the session is called Healthy.
     if args.router_admin_url:
         token = router_admin_token(args)
-        registrar = AdminApiRegistrar(args.router_admin_url, auth=BearerAuth(token) if token else None)
+        registrar = AdminApiRegistrar(args.router_admin_url, auth=BearerAuth(token) if token else None,
+                                      router_url=args.router)
     else:
         path = args.router_config or (args.state_dir / "router.yaml")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("backends: []\n")
-        registrar = ConfigFileRegistrar(path)
+        registrar = ConfigFileRegistrar(path, router_url=args.router)
     orch = Orchestrator(args.state_dir, registrar, discovery=args.discovery,
                         discovery_interfaces=args.discovery_interface).start()
     return create_app(orch, AuthStore(args.state_dir), args.router)

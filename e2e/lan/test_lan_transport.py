@@ -36,6 +36,8 @@ CABLE = "10.78.0"
 class NoRouter:
     """The launcher's registrar, without a router (this test calls the coordinator itself)."""
 
+    router_url = None  # nobody to ask whether it routes: the router.register step ends once "written"
+
     def register(self, *_: object, **__: object) -> None:
         pass
 

@@ -14,6 +14,7 @@ builds a command, waits for its decision, and returns what the decision created.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -64,7 +65,7 @@ class Orchestrator:
                  discovery_interfaces: list[str] | None = None, discovery: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.registrar = registrar
-        self.timeouts = Timeouts(timeouts.listen, timeouts.healthy, timeouts.stop, lease_s)
+        self.timeouts = dataclasses.replace(timeouts, lease=lease_s)
         self.bus = ev.EventBus()
         self.log = logs.get("orchestrator")
         self._state = State()

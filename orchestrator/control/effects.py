@@ -166,12 +166,18 @@ class EffectRunner:
         self.ports.submit(ResumeSession(s.id, s.phase, problem, culprits, time.time()))
 
     def _readopt(self, s: Session) -> None:
+        """Register a session that kept serving (by name: never twice) and wait until the router
+        routes to it, as a launch does; a failure goes back to `decide` (which cleans it up)."""
+        launcher = Launcher(s, self._agents_for(s), self.ports.registrar, self.ports.post, self.ports.timeouts)
+
+        def report(state: str, detail: str) -> None:  # no timeline step: a re-adoption is no launch
+            self.log.info("session.readopting", session=s.id, router=state, detail=detail)
+
         try:
-            self.ports.registrar.register(s.name, s.url + "/v1", [s.model_name])  # by name: never twice
+            launcher.register(report)
         except Exception as exc:  # noqa: BLE001 (any registrar failure means: not adopted)
             self.ports.submit(ResumeSession(s.id, s.phase, f"router registration failed: {exc}", (), time.time()))
             return
-        self.ports.post(ev.SessionRegistered(session_id=s.id, registered=True))
         self.log.info("session.readopted", session=s.id)
         self.ports.post(ev.HealthChanged(session_id=s.id, health="Healthy", phase="running",
                                         reason="re-adopted after a dashboard restart"))

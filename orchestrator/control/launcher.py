@@ -2,9 +2,10 @@
 
 Launch: every stage in ascending order, each waited for until its transport port listens;
 then the coordinator, waited for until it answers healthy (its probe generations went
-through every stage: prefill, sampling, batched decode); then ONE router backend. Any failure
-stops what was started, in reverse order, and removes the router entry. Each step is reported as
-a `LaunchStepped` event.
+through every stage: prefill, sampling, batched decode); then ONE router backend, waited for
+until the router routes to it (`register`: a session is Healthy only once a request through
+the router reaches it). Any failure stops what was started, in reverse order, and removes the
+router entry. Each step is reported as a `LaunchStepped` event.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from orchestrator.control.state import Session
 from orchestrator.control.timelines import timeline
 from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 from orchestrator.proc.wait import WaitTimeout, wait_until
-from orchestrator.registrar import Registrar, RegistrarError
+from orchestrator.registrar import Registrar, RegistrarError, RouteState
 
 Post = Callable[[ev.Event], None]
+Report = Callable[[str, str], None]  # (step state, detail) of the step a caller reports
 
 HEALTHY_POLL_S = 1.0  # longest wait on the coordinator's /health long poll between process checks
+ROUTABLE_POLL_S = 0.2  # between looks at the router (it probes a new backend every second at most)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,9 @@ class Timeouts:
     healthy: float = 120.0
     stop: float = 10.0
     lease: float = 15.0
+    # the router reloads its file and needs `healthy_threshold` probes (each at most 1 s apart
+    # for a new backend) before it routes: seconds, so a minute means it never will
+    routable: float = 60.0
 
 
 class LaunchFailed(RuntimeError):
@@ -92,9 +98,7 @@ class Launcher:
             self._step(key, "done")
             key = "router.register"
             self._step(key, "running")
-            self.registrar.register(self.s.name, self.s.url + "/v1", [self.s.model_name])
-            self.post(ev.SessionRegistered(session_id=self.s.id, registered=True))
-            self._step(key, "done", self.s.name)
+            self.register(lambda state, detail: self._step("router.register", state, detail))
             return True
         except (LaunchFailed, AgentError, RegistrarError, OSError, ValueError) as exc:
             self._step(key, "failed", str(exc))
@@ -189,6 +193,45 @@ class Launcher:
         except WaitTimeout:
             raise LaunchFailed("coordinator",
                                f"coordinator not healthy after {self.t.healthy:.0f} s ({reason})") from None
+
+    def register(self, report: Report) -> None:
+        """Write the session's router entry, then wait until the router routes to it.
+
+        `report(state, detail)` tells the caller's timeline step what happens: "running" with
+        the router's state each time it changes, "done" once it routes. LaunchFailed (naming
+        the router, the backend and the state it last reported) when it does not in time.
+        Without a router URL (a file written for a router nobody named) nothing can be asked:
+        the step ends once the entry is written, and says so.
+        """
+        name, url, model = self.s.name, self.s.url + "/v1", self.s.model_name
+        self.registrar.register(name, url, [model])
+        self.post(ev.SessionRegistered(session_id=self.s.id, registered=True))
+        router = self.registrar.router_url
+        if router is None:
+            report("done", f"{name}: entry written; routing not confirmed (no router URL to ask)")
+            return
+        last_renew = self.clock.monotonic()
+        last = RouteState(False, "not asked yet")
+
+        def routable() -> bool:
+            nonlocal last, last_renew
+            if self.cancel.is_set():
+                raise LaunchFailed("router", "launch cancelled")
+            now = self.registrar.route_state(name, url, model)
+            if now.state != last.state and not now.routable:  # one step update per change, not per look
+                report("running", f"{name}: entry written; {router} says {now.describe()}")
+            last = now
+            if self.clock.monotonic() - last_renew > self.t.lease / 3:
+                self._renew()
+                last_renew = self.clock.monotonic()
+            return now.routable
+
+        try:
+            wait_until(routable, self.t.routable, ROUTABLE_POLL_S, message="the router to route", clock=self.clock)
+        except WaitTimeout:
+            raise LaunchFailed("router", f"the router at {router} does not route to backend {name!r} ({url}) after "
+                                         f"{self.t.routable:.0f} s; it last reported: {last.describe()}") from None
+        report("done", f"{name}: routed by {router}")
 
     def rollback(self, failed_key: str | None = None) -> list[str]:
         """Stop everything started, newest first, and remove the router entry; returns problems left."""

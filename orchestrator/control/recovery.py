@@ -9,7 +9,8 @@ ready again. Steps of each attempt are appended to the session's timeline
 
 Order: the post-mortem of each process is kept, the process is stopped (a wedged one is
 still running), started again, waited for until it listens, the coordinator is waited for
-until it is healthy, and the router entry is confirmed.
+until it is healthy, and the router entry is confirmed and waited for until the router routes
+to it again (`Launcher.register`): recovered means a request through the router is served.
 
 The router entry STAYS during a recovery (docs/router.md, "During a recovery"): the router
 takes the backend out of rotation itself (its coordinator answers 503 to the health probe
@@ -134,10 +135,9 @@ class Recovery:
             self._step(key, "done")
             key = "router.register"
             self._step(key, "running")
-            # Idempotent: changes nothing when the entry stayed, restores one that went missing.
-            self.registrar.register(self.s.name, self.s.url + "/v1", [self.s.model_name])
-            self.post(ev.SessionRegistered(session_id=self.s.id, registered=True))
-            self._step(key, "done", self.s.name)
+            # Idempotent: changes nothing when the entry stayed, restores one that went missing;
+            # then waits until the router routes to it again (it took it out on the 503s).
+            self.launcher.register(lambda state, detail: self._step("router.register", state, detail))
             return ""
         except (LaunchFailed, AgentError, RegistrarError, OSError, ValueError) as exc:
             message = getattr(exc, "message", None) or str(exc)

@@ -36,7 +36,7 @@ def timeline(session: Session) -> tuple[Step, ...]:
                           label=f"Stage {st.index} transport listening on port {st.port}"))
     steps.append(Step(key="coordinator.start", label="Coordinator starting"))
     steps.append(Step(key="coordinator.healthy", label="Coordinator healthy (a probe generation through every stage)"))
-    steps.append(Step(key="router.register", label="Router registered"))
+    steps.append(Step(key="router.register", label="Router registered and routing to it (its probe answered)"))
     return tuple(steps)
 
 
@@ -78,8 +78,9 @@ def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: i
                               label=head + f"{process_label(proc)} transport listening on port {port}"))
     steps.append(Step(key=p + "coordinator.healthy",
                       label=head + "coordinator healthy again (re-connected, probe through every stage)"))
-    steps.append(Step(key=p + "router.register", label=head + "router entry confirmed (it stayed registered; the "
-                                                               "router answered 503 + Retry-After meanwhile)"))
+    steps.append(Step(key=p + "router.register", label=head + "router routes to it again (the entry stayed "
+                                                               "registered; the router answered 503 + Retry-After "
+                                                               "meanwhile)"))
     return tuple(steps)
 
 

@@ -13,9 +13,10 @@ from typing import Any, Mapping
 from orchestrator.registrar.admin_api import AdminApiRegistrar, ApiKeyAuth, Auth, BasicAuth, BearerAuth
 from orchestrator.registrar.base import BackendEntry, Registrar, RegistrarError
 from orchestrator.registrar.config_file import ConfigFileRegistrar
+from orchestrator.registrar.routing import RouteState
 
 __all__ = ["AdminApiRegistrar", "ApiKeyAuth", "Auth", "BackendEntry", "BasicAuth", "BearerAuth",
-           "ConfigFileRegistrar", "Registrar", "RegistrarError", "registrar_from_settings"]
+           "ConfigFileRegistrar", "Registrar", "RegistrarError", "RouteState", "registrar_from_settings"]
 
 
 def registrar_from_settings(settings: Mapping[str, Any]) -> Registrar:
@@ -23,18 +24,20 @@ def registrar_from_settings(settings: Mapping[str, Any]) -> Registrar:
 
     `{"kind": "config_file", "path": "router.yaml"}` or
     `{"kind": "admin_api", "url": "http://127.0.0.1:8080", "auth": {"type": "bearer", "token": "..."},
-      "list_path": ..., "create_path": ..., "item_path": ...}` (auth types: bearer, basic, api_key).
+      "list_path": ..., "create_path": ..., "item_path": ...}` (auth types: bearer, basic, api_key);
+    either with `"router_url"`: the router asked whether it routes to an entry (registrar/routing.py).
     """
     kind = settings.get("kind", "config_file")
     if kind == "config_file":
         if not settings.get("path"):
             raise RegistrarError("config_file registrar: `path` (the router YAML) is required")
-        return ConfigFileRegistrar(Path(settings["path"]))
+        return ConfigFileRegistrar(Path(settings["path"]), settings.get("router_url"))
     if kind == "admin_api":
         if not settings.get("url"):
             raise RegistrarError("admin_api registrar: `url` (the router's base URL) is required")
         paths = {k: settings[k] for k in ("list_path", "create_path", "item_path") if settings.get(k)}
-        return AdminApiRegistrar(settings["url"], _auth(settings.get("auth")), **paths)
+        return AdminApiRegistrar(settings["url"], _auth(settings.get("auth")), router_url=settings.get("router_url"),
+                                 **paths)
     raise RegistrarError(f"unknown registrar kind {kind!r} (config_file or admin_api)")
 
 

@@ -74,8 +74,12 @@ class AdminApiRegistrar(Registrar):
 
     def __init__(self, base_url: str, auth: Auth | None = None, *, list_path: str = "/admin/backends",
                  create_path: str = "/admin/backends", item_path: str = "/admin/backends/{name}",
-                 timeout: float = 10.0, session: requests.Session | None = None) -> None:
+                 timeout: float = 10.0, session: requests.Session | None = None,
+                 router_url: str | None = None) -> None:
+        """`router_url`: the router's own (client) URL, asked whether it routes to an entry; its
+        admin API may sit elsewhere (another port, a prefix), so it is never guessed from `base_url`."""
         self.base_url = base_url.rstrip("/")
+        self.router_url = router_url
         self.auth = auth
         self.list_path, self.create_path, self.item_path = list_path, create_path, item_path
         self.timeout = timeout

@@ -3,6 +3,10 @@
 A cluster is ONE router backend (docs/router.md): its name, the coordinator's URL, the models
 it serves and a weight. Registering the same name again replaces the entry; removing a
 name that is not there is not an error — so a retried launch or teardown is always safe.
+
+A registrar may know the URL of the router its entries reach (`router_url`): then
+`route_state` asks that router whether it routes to a backend yet (routing.py). Without one
+(a file written for a router nobody named) nothing can be asked.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from orchestrator.registrar.routing import RouteState, ask_router
 from orchestrator.router.config import BackendConfig
 
 
@@ -63,6 +68,8 @@ def entry_from_dict(doc: Any) -> BackendEntry | None:
 class Registrar(abc.ABC):
     """Adds and removes router backends. Implementations are safe to call from any thread."""
 
+    router_url: str | None = None  # the router to ask whether it routes to an entry (None: nobody to ask)
+
     @abc.abstractmethod
     def register(self, name: str, url: str, models: list[str] | tuple[str, ...], weight: int = 1) -> None:
         """Add the backend, or replace the one with this name (never a duplicate)."""
@@ -74,3 +81,9 @@ class Registrar(abc.ABC):
     @abc.abstractmethod
     def backends(self) -> list[BackendEntry]:
         """The backends the router has now."""
+
+    def route_state(self, name: str, url: str, model: str) -> RouteState:
+        """What the router says of the backend now (routing.ask_router); needs `router_url`."""
+        if self.router_url is None:
+            raise RegistrarError("no router URL to ask whether it routes to the backend")
+        return ask_router(self.router_url, name, url, model)

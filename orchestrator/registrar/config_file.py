@@ -32,8 +32,10 @@ class ConfigFileRegistrar(Registrar):
     (flock locks belong to the open file, so two opens in one process exclude each other).
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, router_url: str | None = None) -> None:
+        """`router_url`: the router that reads this file, asked whether it routes to an entry."""
         self.path = Path(path)
+        self.router_url = router_url
         self._lock = threading.Lock()
 
     def register(self, name: str, url: str, models: list[str] | tuple[str, ...], weight: int = 1) -> None:

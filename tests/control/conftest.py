@@ -67,7 +67,8 @@ def env(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path) -> Iter
         kw.setdefault("timeouts", Timeouts(listen=60, healthy=60, stop=5))
         kw.setdefault("lease_s", 6.0)
         kw.setdefault("agent_timeout", 5.0)
-        o = Orchestrator(tmp_path / "state", kw.pop("registrar", ConfigFileRegistrar(router_yaml)), **kw).start()
+        o = Orchestrator(tmp_path / "state", kw.pop("registrar", ConfigFileRegistrar(router_yaml, router.url)),
+                         **kw).start()
         made.append(o)
         return o
 

@@ -37,7 +37,7 @@ from orchestrator.control.secrets import SecretStore
 from orchestrator.control.state import Fault, Session, StagePlacement, State
 from orchestrator.proc import wait_until
 from orchestrator.proc.clock import SYSTEM_CLOCK
-from orchestrator.registrar import RegistrarError
+from orchestrator.registrar import RegistrarError, RouteState
 
 SETTLE_S = 20.0  # a worker thread's time to report, on a loaded machine
 
@@ -62,12 +62,22 @@ class FakeAgent:
 
 
 class FakeRegistrar:
-    """Stand-in for the router's registrar (the external seam)."""
+    """Stand-in for the router's registrar (the external seam). With `router_url`, the router it
+    stands for answers `states` to successive looks (the last one for ever after)."""
 
-    def __init__(self, fail: bool = False) -> None:
+    def __init__(self, fail: bool = False, router_url: str | None = None,
+                 states: tuple[RouteState, ...] = (RouteState(True, "healthy"),)) -> None:
         self.registered: list[str] = []
         self.deregistered: list[str] = []
         self.fail = fail
+        self.router_url = router_url
+        self.states = list(states)
+        self.looks = 0
+
+    def route_state(self, name: str, url: str, model: str) -> RouteState:
+        assert name in self.registered, "asked the router before the entry was written"
+        self.looks += 1
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
 
     def register(self, name: str, url: str, models: list[str]) -> None:
         if self.fail:
@@ -106,7 +116,7 @@ class World:
         self.models = FakeModels()
         self.ports = Ports(state=lambda: State(), post=self.events.append, submit=self.submitted.append,
                            command=self._no_command, agent=lambda node_id: self.agent, registrar=self.registrar,
-                           secrets=self.secrets, timeouts=Timeouts(listen=5, healthy=5, stop=1, lease=6),
+                           secrets=self.secrets, timeouts=Timeouts(listen=5, healthy=5, stop=1, lease=6, routable=1),
                            clock=SYSTEM_CLOCK, log=logs.get("test-effects"))
         self.runner = EffectRunner(self.ports, self.models, lambda s: (None, None, ()))  # type: ignore[arg-type]
 
@@ -193,6 +203,27 @@ def test_readopt_registers_by_name_or_hands_the_failure_to_decide(tmp_path: Path
     else:
         assert w.posted(ev.HealthChanged, session_id="s1").health == "Healthy"
         assert w.registrar.registered == ["tiny-s1"] and w.posted(ev.SessionRegistered, registered=True)
+
+
+def test_readopt_is_healthy_only_once_the_router_routes_to_it(tmp_path: Path) -> None:
+    starting = RouteState(False, "starting")
+    w = World(tmp_path, registrar=FakeRegistrar(router_url="http://router", states=(starting, starting,
+                                                                                    RouteState(True, "healthy"))))
+    w.runner.run((Readopt(session()),))
+    assert w.posted(ev.HealthChanged, session_id="s1").health == "Healthy"
+    assert w.registrar.looks == 3  # not Healthy while the router still said "starting"
+
+
+def test_readopt_hands_a_router_that_never_routes_to_decide_with_what_it_said(tmp_path: Path) -> None:
+    w = World(tmp_path, registrar=FakeRegistrar(router_url="http://router:8000",
+                                                states=(RouteState(False, "unhealthy", "HTTP 404: nope"),)))
+    w.runner.run((Readopt(session()),))
+    wait_until(lambda: w.submitted, SETTLE_S, message="a ResumeSession")
+    [resume] = w.submitted
+    assert isinstance(resume, ResumeSession)
+    assert "http://router:8000" in resume.problem and "'tiny-s1'" in resume.problem
+    assert "unhealthy (HTTP 404: nope)" in resume.problem
+    assert not any(isinstance(e, ev.HealthChanged) for e in w.events)
 
 
 def test_the_model_effects_go_to_the_models_worker(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from orchestrator.control.launcher import Timeouts
+from orchestrator.proc import wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.control.conftest import MODEL_ID, Env
 
@@ -128,6 +129,26 @@ def test_a_router_that_rejects_registration(env: Env, tmp_path):
     step, _ = failed(env, orch, orch.launch(env.session(), MODEL_ID).id)
     assert step.key == "router.register", step
     assert broken.read_text() == "backends: [unclosed\n"  # a file it cannot parse is never overwritten
+    nothing_left(env)
+
+
+def test_a_router_that_never_routes_to_the_session(env: Env):
+    """The entry is written but the router's probe of it never passes (here: its health endpoint
+    answers 404): the launch fails at router.register, saying which router, which backend and
+    what the router last reported of it, and leaves nothing behind."""
+    import yaml
+
+    doc = yaml.safe_load(env.router_yaml.read_text())
+    doc["health_checks"]["endpoint"] = "/no-such-endpoint"
+    env.router_yaml.write_text(yaml.safe_dump(doc))
+    wait_until(lambda: env.router.health()["health_checks"]["endpoint"] == "/no-such-endpoint", 30, 0.1,
+               message="the router to reload its health checks")
+    env.orch.stop()
+    orch = env.make_orchestrator(timeouts=Timeouts(listen=60, healthy=60, stop=5, routable=5))
+    step, _ = failed(env, orch, orch.launch(env.session(), MODEL_ID).id)
+    assert step.key == "router.register", step
+    assert f"the router at {env.router.url} does not route to backend 'tiny-cluster'" in step.detail, step
+    assert "after 5 s" in step.detail and "HTTP 404" in step.detail, step
     nothing_left(env)
 
 

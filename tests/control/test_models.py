@@ -58,12 +58,12 @@ def henv(spawn_agent, start_router, test_model_dir: Path, transfer_model: Path, 
     router_yaml = tmp_path / "router.yaml"
     router_yaml.write_text(yaml.safe_dump({"backends": [], "health_checks": {"enabled": True, "interval": "0.5s",
                                                                             "timeout": "1s"}}))
-    start_router(router_yaml)
+    router = start_router(router_yaml)
     made: list[Orchestrator] = []
 
     def make() -> Orchestrator:
-        o = Orchestrator(tmp_path / "state", ConfigFileRegistrar(router_yaml), timeouts=Timeouts(listen=60, healthy=60,
-                                                                                                   stop=5),
+        o = Orchestrator(tmp_path / "state", ConfigFileRegistrar(router_yaml, router.url),
+                         timeouts=Timeouts(listen=60, healthy=60, stop=5),
                          lease_s=6.0, agent_timeout=5.0).start()
         made.append(o)
         return o

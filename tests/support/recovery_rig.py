@@ -30,8 +30,8 @@ def three_agents(spawn_agent, start_router, test_model_dir: Path, tmp_path: Path
     router_yaml.write_text(yaml.safe_dump({"backends": [], "health_checks": {"enabled": True, "interval": "0.5s",
                                                                             "timeout": "1s"}}))
     router = start_router(router_yaml)
-    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(router_yaml), timeouts=Timeouts(listen=90, healthy=90,
-                        stop=5), lease_s=6.0, agent_timeout=3.0).start()
+    orch = Orchestrator(tmp_path / "state", ConfigFileRegistrar(router_yaml, router.url),
+                        timeouts=Timeouts(listen=90, healthy=90, stop=5), lease_s=6.0, agent_timeout=3.0).start()
     orch.update_settings(Settings(distributed_enabled=True, port_start=min(a.port_at(0) for a in agents),
                                   port_end=max(a.port_at(3) for a in agents)))
     for a in agents:
