@@ -134,9 +134,8 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     if shared:
         note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
     m = costs.model
-    refusal = support.speculation_refusal(support.family_of({"model_type": m.model_type,
-                                                             "architectures": [m.architecture or ""]}) or "",
-                                          split=len(split) > 1)
+    family = support.family_of({"model_type": m.model_type, "architectures": [m.architecture or ""]}) or ""
+    refusal = support.speculation_refusal(family)
     drafts = s.speculative_tokens
     if drafts and refusal:
         note, drafts = f"{note}; no speculative decoding: {refusal}".lstrip("; "), 0
