@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
 
     from e2e.bench.procs import prepare_model, whole_model_stage
-    from orchestrator.engine.stage.rewind import Rewind, output
+    from orchestrator.engine.stage.rewind import Rewind, Rollback
 
     stage = whole_model_stage(prepare_model(args.model))
     cache = stage.make_cache()
@@ -44,14 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     chunk = mx.array([list(range(100, 101 + args.draft))])
 
     def run(x: mx.array, position: int, rw: Rewind, verifying: bool) -> int:
-        x, start, drop = rw.prepare(cache, position, x, verifying, stage.forward)
-        mx.eval(output(stage.forward(x, cache), drop), [c.state for c in cache])
+        x, start = rw.prepare(cache, position, x, verifying, stage.forward)
+        mx.eval(rw.forward(stage.forward, x, cache), [c.state for c in cache])
         rw.ran(position, verifying)
         return start + int(x.shape[1])
 
     def one_pass(accepted: int, replay: bool) -> tuple[float, float]:
         """(the verification chunk's seconds, the next step's), caches put back afterwards."""
-        rw = Rewind("replay" if replay else "trim")  # the demo's caches trim: the replay is forced, to compare
+        # the demo's caches trim: the replay is forced, to compare
+        rw = Rewind(Rollback("replay" if replay else "trim"))
         started = time.perf_counter()
         position = run(chunk, CONTEXT, rw, True)
         verified = time.perf_counter()

@@ -43,27 +43,27 @@ UNBATCHED: dict[str, str] = {
 }
 
 # Families whose forward over a chunk of positions is not the computation of one step per position
-# (measured: tests/engine/test_speculation_families.py): a verification chunk could change their
-# greedy output, so their stages refuse speculation (engine/stage/speculate.py): the reason.
-CHUNKS_DIFFER: dict[str, str] = {
+# (measured: tests/engine/test_speculation_families.py): every forward that stands for decode steps — a
+# verification chunk, a rollback's replay — runs on their stages as one-position forwards in a row
+# ("stepwise", engine/stage/rewind.py), so it is the decode steps; nothing is batched. The reason.
+STEPWISE: dict[str, str] = {
     "plamo3": "its sliding-window layers attend one key more in a chunk of positions than in a decode step "
-              "(mlx-lm's window_size + 1 mask), so a verification chunk is not the decode steps it stands for",
+              "(mlx-lm's window_size + 1 mask), so it verifies drafts one position at a time",
 }
 
-# Families whose boundaries carry state that is not one entry per position, and whose caches cannot
-# trim: a stage of a split cannot join the replay of a rolled-back chunk to its next input
-# (engine/stage/rewind.py), so a split refuses speculation; one stage alone would replay.
-GROUPED_BOUNDARIES: dict[str, str] = {
-    "deepseek_v41": "its caches cannot trim, and its stage boundaries carry state per compressed group and per "
-                    "candidate block rather than per position, so a rolled-back chunk cannot be replayed",
-}
+# Families whose stages cannot verify drafted tokens exactly, with the reason (none in mlx-lm 0.32.2: PLaMo 3
+# verifies stepwise, DeepSeek-V4.1's boundaries are sliced by group, engine/stage/hyper_streams.py).
+SPECULATION_REFUSED: dict[str, str] = {}
 
 
-def speculation_refusal(family: str, split: bool) -> str | None:
-    """Why a stage of this family (one of several when `split`) cannot verify drafts exactly, or None."""
-    if family in CHUNKS_DIFFER:
-        return CHUNKS_DIFFER[family]
-    return GROUPED_BOUNDARIES.get(family) if split else None
+def speculation_refusal(family: str) -> str | None:
+    """Why a stage of this family cannot verify drafts exactly, or None (the stages' and the planner's rule)."""
+    return SPECULATION_REFUSED.get(family)
+
+
+def verifies_stepwise(family: str) -> bool:
+    """Whether this family's stages run a verification chunk and a replay one position at a time (STEPWISE)."""
+    return family in STEPWISE
 
 
 # Names that mlx-lm loads with another family's code (mlx_lm.utils MODEL_REMAPPING).

@@ -134,16 +134,19 @@ def performance(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split, hid
     if shared:
         note = f"{note}; {shared} share one machine's cores (a prompt's chunks overlap less)".lstrip("; ")
     m = costs.model
-    refusal = support.speculation_refusal(support.family_of({"model_type": m.model_type,
-                                                             "architectures": [m.architecture or ""]}) or "",
-                                          split=len(split) > 1)
+    family = support.family_of({"model_type": m.model_type, "architectures": [m.architecture or ""]}) or ""
+    refusal = support.speculation_refusal(family)
     drafts = s.speculative_tokens
     if drafts and refusal:
         note, drafts = f"{note}; no speculative decoding: {refusal}".lstrip("; "), 0
+    stepwise = support.verifies_stepwise(family)
+    if drafts and stepwise:
+        note = (f"{note}; speculative decoding step by step: {support.STEPWISE[family]}; a pass of d drafts costs "
+                f"every stage d + 1 one-row steps and crosses each boundary once").lstrip("; ")
     # caches other than plain KV roll a partly accepted pass back by replaying it (engine/stage/rewind.py)
     replays = any(c.kind in ("sliding", "state") for c in m.layer_caches)
     return predict(stages, links, hidden_bytes, requests=requests, timing_note=note,
-                   speculative_tokens=drafts, replays=replays)
+                   speculative_tokens=drafts, replays=replays, stepwise=stepwise)
 
 
 def _sharing_a_machine(stages: Sequence[StageSpec]) -> str:

@@ -121,6 +121,13 @@ def verify_step_ms(stage: StageSpec, positions: int) -> float:
     return ms
 
 
+def stepwise_step_ms(stage: StageSpec, positions: int) -> float:
+    """One request's verification chunk of `positions` on a stage of a family that verifies one position
+    at a time (engine/support.py STEPWISE): that many one-row steps, nothing batched, in one frame."""
+    overhead = stage.timing.step_overhead_ms(1, stage.last)
+    return positions * (verify_step_ms(stage, 1) - overhead) + overhead
+
+
 def pass_ms(stage_ms: Sequence[float], links: Sequence[LinkCost], hidden_bytes: int, positions: int,
             coordinator: float) -> float:
     """One request's pass of `positions` positions through every stage (1: a decode step; more: a
@@ -131,17 +138,19 @@ def pass_ms(stage_ms: Sequence[float], links: Sequence[LinkCost], hidden_bytes: 
 
 
 def speculation_gains(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int,
-                      max_drafts: int, replays: bool = False) -> tuple[Gain, ...]:
+                      max_drafts: int, replays: bool = False, stepwise: bool = False) -> tuple[Gain, ...]:
     """What drafting up to `max_drafts` tokens per pass gains one request, per measured workload.
     `replays`: the family's caches cannot trim, so a partly accepted pass is replayed on every stage
-    in front of the next step (its r positions on top of that step's one; no extra hop)."""
+    in front of the next step (its r positions on top of that step's one; no extra hop). `stepwise`:
+    the family verifies (and replays) one position at a time, so d + 1 positions cost every stage d + 1
+    one-row steps; the pass still crosses each boundary once."""
     if max_drafts <= 0:
         return ()
     drafts = range(1, max_drafts + 1)
-    passes = {d: pass_ms([verify_step_ms(s, d + 1) for s in stages], links, hidden_bytes, d + 1,
+    step = stepwise_step_ms if stepwise else verify_step_ms
+    passes = {d: pass_ms([step(s, d + 1) for s in stages], links, hidden_bytes, d + 1,
                          coordinator_ms(stages, 1)) for d in drafts}
-    replay = {r: sum(verify_step_ms(s, r + 1) - verify_step_ms(s, 1) for s in stages) for r in drafts} \
-        if replays else None
+    replay = {r: sum(step(s, r + 1) - step(s, 1) for s in stages) for r in drafts} if replays else None
     return gains(decode_ms_1(stages, links, hidden_bytes)[0], passes, max_drafts, replay_ms_of=replay)
 
 
@@ -250,10 +259,11 @@ def bottleneck(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_by
 def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes: int, *,
             prefill_step: int = 2048, max_batch: int = 16, requests: Sequence[int] = DEFAULT_REQUESTS,
             prompts: Sequence[int] = DEFAULT_PROMPTS, timing_note: str = "",
-            speculative_tokens: int = 0, replays: bool = False) -> Performance:
+            speculative_tokens: int = 0, replays: bool = False, stepwise: bool = False) -> Performance:
     """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1);
     `speculative_tokens` > 0: also what speculative decoding gains (speculation_gain.py), with the
-    replay of partly accepted passes when `replays` (a family whose caches cannot trim)."""
+    replay of partly accepted passes when `replays` (a family whose caches cannot trim), verified one
+    position at a time when `stepwise` (engine/support.py STEPWISE)."""
     if len(links) != len(stages) or not stages:
         raise ValueError(f"{len(stages)} stages need {len(stages)} links (the last one back to the coordinator)")
     ms1, compute = decode_ms_1(stages, links, hidden_bytes)
@@ -270,7 +280,7 @@ def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes
         stage_ms_1=tuple(stage_step_ms(s, 1, solo=True) for s in stages), boundaries=tuple(bounds),
         bottleneck=bottleneck(stages, links, hidden_bytes, max(requests, default=1), max_batch),
         timing_note=timing_note, speculation=speculation_gains(stages, links, hidden_bytes, speculative_tokens,
-                                                                  replays))
+                                                                  replays, stepwise))
 
 
 def single_node_verdict(split: Performance, single: Performance, node_name: str) -> str:

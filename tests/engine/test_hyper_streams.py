@@ -183,3 +183,66 @@ def test_the_planned_kv_cache_is_within_15_percent_of_what_each_stage_holds(fami
     planned = [costs.kv_bytes(a, b + 1) for a, b in split]
     assert caches[1][split[1][0]].compress_kv is not None or caches[1][split[1][0]].index_k is not None
     assert all(abs(p - m) / m <= 0.15 for p, m in zip(planned, measured)), (planned, measured)
+
+
+def _prefilled(stage: StageModel, length: int) -> list:
+    cache = stage.make_cache()
+    mx.eval(stage.forward(mx.array([PROMPT[:length]]), cache).h, [c.state for c in cache])
+    return cache
+
+
+def _valid_picks(picks: mx.array) -> list[list[int]]:
+    """Each row's picks as a sorted list (-1 is none): which entries it attends to, not in which order."""
+    return [sorted(p for p in row if p >= 0) for row in picks.reshape(-1, picks.shape[-1]).tolist()]
+
+
+def _close(a: mx.array, b: mx.array) -> bool:
+    """Equal up to the low bits of a longer or shorter chunk (which the fake fp4/fp8 quantization can
+    round a step apart): relatively, in norm; entries of other positions or groups are nowhere near."""
+    return a.size == 0 or (mx.linalg.norm((a - b).reshape(-1)) <= 1e-3 * mx.linalg.norm(b.reshape(-1))).item()
+
+
+def _assert_same_parts(got: Carry, want: Carry) -> None:
+    assert got.h.shape == want.h.shape and set(got.extras) == set(want.extras)
+    assert _close(got.h, want.h)
+    for key, part in want.extras.items():
+        assert got.extras[key].shape == part.shape, key
+        if part.dtype == mx.int32:
+            assert _valid_picks(got.extras[key]) == _valid_picks(part), key
+        elif part.dtype == mx.bool_:
+            assert mx.array_equal(got.extras[key], part).item(), key
+        else:
+            assert _close(got.extras[key], part), key
+
+
+@pytest.mark.parametrize("boundary", [2, 3, 4])
+def test_a_replay_cuts_and_joins_what_crosses_as_forwards_of_those_positions_send_it(family_model, boundary):
+    """A rollback's replay (engine/stage/rewind.py) cuts what a verification chunk of five positions sent
+    at positions [0, a) and [a, 5), and joins such parts: each is what a forward of just those positions
+    sends (per token the same; compressed entries and index keys of the groups those tokens complete;
+    the same picks and candidate flags, at the width of the part's end), from positions where the picks'
+    width still grows (5, 6) and where groups close inside the chunk (13)."""
+    model = family_model("deepseek_v41")
+    stage = StageModel(model, 0, boundary)
+    cut = stage.by_position[1]
+    for at in (5, 6, 13):
+        chunk = mx.array([PROMPT[at:at + 5]])
+        whole = stage.forward(chunk, _prefilled(stage, at))
+        for a in range(1, 5):
+            cache = _prefilled(stage, at)
+            first = stage.forward(chunk[:, :a], cache)
+            rest = stage.forward(chunk[:, a:], cache)
+            _assert_same_parts(cut.positions(whole, at, 0, a), first)
+            _assert_same_parts(cut.positions(whole, at, a), rest)
+            _assert_same_parts(cut.join([first, rest], at), whole)
+
+
+def test_a_cut_keeps_every_pick_of_a_row_whatever_its_place():
+    """mlx's argpartition leaves a row's picks in no promised order: cutting the picks to a narrower
+    width moves them to the front first (in order); candidate flags past a row's blocks are False."""
+    picks = mx.array([[[-1, 3, -1, 1], [2, -1, -1, -1]]], dtype=mx.int32)
+    assert hyper_streams._fit(picks, 2).tolist() == [[[3, 1], [2, -1]]]
+    assert hyper_streams._fit(picks, 5).tolist() == [[[-1, 3, -1, 1, -1], [2, -1, -1, -1, -1]]]
+    flags = mx.array([[[True, False, False]]])
+    assert hyper_streams._fit(flags, 1).tolist() == [[[True]]]
+    assert hyper_streams._fit(flags, 4).tolist() == [[[True, False, False, False]]]

@@ -12,7 +12,8 @@ attention states beside KV) and Gemma 3 (sliding windows that the 28-token promp
 roll back through a rewind point and a replay (engine/stage/rewind.py) — with the prompt cache on, so the
 entries a request leaves when it ends inside an accepted run are checked by the requests that start from them.
 Then the comparison is shown to bite: a stage that moves its position back without rolling its caches back
-(`spec-skip-trim`) fails it.
+(`spec-skip-trim`) fails it. PLaMo 3 (verified one position at a time) and DeepSeek-V4.1 (boundaries cut by
+compressed group in a replay) speculate through real stages too.
 """
 
 from __future__ import annotations
@@ -183,22 +184,30 @@ def test_health_reports_the_passes_prompt_lookup_verified(launch, expected):
     assert requests.get(plain.base_url + "/health", timeout=5).json()["speculation"] is None
 
 
-def test_a_family_whose_chunks_are_not_its_steps_never_drafts(launch, family_model):
-    """PLaMo 3's stages refuse to verify (support.CHUNKS_DIFFER): /health says so and why, and a request
-    is answered without a single verification pass."""
-    model = family_model("plamo3")
+@pytest.mark.parametrize("family", ["plamo3", "deepseek_v41"])
+def test_a_stepwise_family_and_a_grouped_boundary_speculate_exactly(launch, family_model, family):
+    """PLaMo 3's stages verify and replay one position at a time (support.STEPWISE; their stats say so) and
+    DeepSeek-V4.1's cut what crosses a boundary by compressed group in a replay: through real stages, every
+    answer equals mlx-lm's, alone, ending inside accepted runs and micro-batched, with passes rolled back."""
+    model = family_model(family)
     n = ModelInfo.read(model).num_layers
-    cluster = launch(model, [(0, n // 2 - 1), (n // 2, n - 1)], prefill_step_size=16, speculative_tokens=4)
-    cluster.wait_ready()
-
-    def refused() -> dict | None:
-        spec = requests.get(cluster.base_url + "/health", timeout=5).json()["speculation"]
-        return spec if spec["refused"] else None
-
-    spec = wait_until(refused, 30, message="the stages' PONGs saying they refuse speculation")
-    assert "window_size + 1" in spec["refusal"], spec
-    served = requests.get(cluster.base_url + "/v1/models", timeout=5).json()["data"][0]["id"]
-    body = {"model": served, "prompt": REPEAT, "max_tokens": TOKENS, "temperature": 0}
-    answer = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=120).json()
-    assert answer["usage"]["completion_tokens"] == TOKENS, answer
-    assert requests.get(cluster.base_url + "/health", timeout=5).json()["speculation"]["passes"] == 0
+    want = {tuple(p): reference(model, p, TOKENS, prefill_step=16).tokens for p in PROMPTS}
+    cluster = launch(model, [(0, n // 2 - 1), (n // 2, n - 1)], coordinator=False, prefill_step_size=16,
+                     speculative_tokens=4)
+    coord = _coordinator(cluster, want)
+    try:
+        _ready(coord)
+        stats = coord.stage_stats(lambda got: all("rollback" in s for s in got))
+        assert [s.get("verification") for s in stats] == ["stepwise" if family == "plamo3" else None] * 2, stats
+        assert all(s["rollback"] == "replay" and "speculation_refused" not in s for s in stats), stats
+        for prompt in PROMPTS:
+            assert _tokens(coord, prompt, TOKENS) == want[tuple(prompt)], f"prompt {prompt[:8]}..."
+        for k in (1, 2, 3, 5, 8):
+            assert _tokens(coord, REPEAT, k) == want[tuple(REPEAT)][:k], f"max_tokens={k}"
+        gens = [coord.generate(p, TOKENS) for p in PROMPTS + PROMPTS]
+        for p, gen in zip(PROMPTS + PROMPTS, gens):
+            assert coord.collect(gen).tokens == want[tuple(p)]
+        passes, drafted, accepted = _spec_counts(coord)
+    finally:
+        coord.stop()
+    assert passes > 0 and drafted > accepted > 0, f"nothing was rolled back: {passes, drafted, accepted}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
-from orchestrator.planner.predict import COORDINATOR_MS, StageSpec, pass_ms, predict, verify_step_ms
+from orchestrator.planner.predict import COORDINATOR_MS, StageSpec, pass_ms, predict, stepwise_step_ms, verify_step_ms
 from orchestrator.planner.speculation_gain import MEASURED, Workload, gains
 
 # 1 ms per layer for one row, 2 ms for 8 rows (1 + (rows - 1) / 7 in between); no head.
@@ -88,17 +88,62 @@ def test_the_prediction_prices_the_replay_on_every_stage_without_a_hop():
         assert r.gain == pytest.approx(yielded / (yielded / t.gain + added))
 
 
-def test_a_plan_of_a_family_that_refuses_speculation_predicts_none_and_says_why():
+def test_a_plan_of_a_family_that_refuses_speculation_predicts_none_and_says_why(monkeypatch):
+    """No family of mlx-lm 0.32.2 refuses (support.SPECULATION_REFUSED is empty); one that did would
+    predict none, and the timing note would give its reason."""
+    from orchestrator.engine import support
     from orchestrator.planner import PlanSettings, plan_cluster
     from tests.planner.support import llama, node
 
     settings = PlanSettings(speculative_tokens=4)
     timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
     plain = plan_cluster(llama(), timed, settings)
-    refused = plan_cluster(llama(model_type="plamo3", name="plamo3-like"), timed, settings)
+    monkeypatch.setattr(support, "SPECULATION_REFUSED", {"llama": "its chunks are not its steps"})
+    refused = plan_cluster(llama(), timed, settings)
     assert plain.performance.speculation and "speculative" not in plain.performance.timing_note
     assert refused.performance.speculation == ()
-    assert "no speculative decoding: its sliding-window layers" in refused.performance.timing_note
+    assert "no speculative decoding: its chunks are not its steps" in refused.performance.timing_note
+
+
+def test_a_stepwise_pass_costs_every_stage_d_plus_one_one_row_steps_and_one_hop():
+    stages = _stages()
+    # five one-row steps of 10 layers at 1 ms each (no step overhead or head in T)
+    assert stepwise_step_ms(stages[0], 5) == pytest.approx(5 * 10)
+    assert stepwise_step_ms(stages[0], 1) == pytest.approx(verify_step_ms(stages[0], 1))
+    chunked = predict(stages, [GBE, GBE], HIDDEN, speculative_tokens=4, replays=True)
+    stepwise = predict(stages, [GBE, GBE], HIDDEN, speculative_tokens=4, replays=True, stepwise=True)
+    hop = 0.3  # half an RTT to the next stage and half back to the coordinator, once per pass as a chunk's
+    for c, w, g in zip(chunked.speculation, MEASURED, stepwise.speculation):
+        d = max(1.0, min(4.0, w.drafts_per_pass))
+        tokens = 1 + w.acceptance * d
+        assert g.tokens_per_pass == pytest.approx(tokens) == c.tokens_per_pass
+        # d + 1 one-row steps on both stages; a partly accepted pass replays accepted + 1 more one-row steps
+        ms = 20 * (d + 1) + COORDINATOR_MS + hop + ((d + 1) * HIDDEN + 36) / 125e3 + (d + 1) * 64 / 125e3
+        ms += (1 - w.acceptance ** d) * 20 * tokens
+        assert g.gain == pytest.approx(tokens * stepwise.ms_per_token_1 / ms, rel=1e-3)
+        assert g.gain < c.gain  # nothing batched: it saves the hops, not the compute
+
+
+def test_plans_of_plamo3_verify_step_by_step_and_of_deepseek_v41_split_replay():
+    """PLaMo 3 speculates (its pass priced as one-row steps, and the timing note says so); DeepSeek-V4.1
+    split across nodes speculates as a family whose windows replay."""
+    from orchestrator.models.kv_layers import LayerCache
+    from orchestrator.planner import PlanSettings, plan_cluster
+    from tests.planner.support import llama, node
+
+    settings = PlanSettings(speculative_tokens=4)
+    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    kv = LayerCache(kind="attention", token_bytes=384)
+    windowed = {"layer_caches": (kv, kv.model_copy(update={"kind": "sliding", "window": 512}),) * 15}
+    plain = plan_cluster(llama().model_copy(update=windowed), timed, settings).performance
+    plamo = plan_cluster(llama(model_type="plamo3", name="plamo3-like").model_copy(update=windowed), timed,
+                         settings).performance
+    deepseek = plan_cluster(llama(model_type="deepseek_v41", name="v41-like").model_copy(update=windowed), timed,
+                            settings).performance
+    assert plamo.speculation and "speculative decoding step by step" in plamo.timing_note
+    assert "d + 1 one-row steps" in plamo.timing_note
+    assert [p.gain < w.gain for p, w in zip(plamo.speculation, plain.speculation)] == [True] * len(MEASURED)
+    assert deepseek.speculation == plain.speculation and "speculative" not in deepseek.timing_note
 
 
 def test_a_plan_of_a_windowed_model_prices_the_replay():

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, CacheList
+from mlx_lm.models.cache import ArraysCache, CacheList, RotatingKVCache
 
 from orchestrator.engine.stage.stand_ins import hidden_argument
 
@@ -227,30 +227,42 @@ def batch_parts(batched: list[Any]) -> list[Any]:
     return out
 
 
-def snapshot(caches: list[list[Any]]) -> list[list[Any]]:
+def snapshot(caches: list[list[Any]], held: bool = False) -> list[list[Any]]:
     """Every cache's fields, a CacheList's members' too (MLX arrays are immutable values, so
-    references suffice)."""
-    return [[_fields(c) for c in cache] for cache in caches]
+    references suffice). A one-position step into a full window writes in place, though
+    (RotatingKVCache's `keys[..., i, :] = k` rebinds the very array object a reference shares):
+    with `held` (a rewind point, rewind.py) a window's arrays are kept as new array objects of the
+    old values, so a write then copies the buffer rather than changing what was kept."""
+    return [[_fields(c, held) for c in cache] for cache in caches]
 
 
-def _fields(c: Any) -> tuple[dict[str, Any], list[Any]]:
-    members = [_fields(m) for m in c.caches] if isinstance(c, CacheList) else []
-    return {k: list(v) if isinstance(v, list) else v for k, v in vars(c).items()}, members
+def _fields(c: Any, held: bool) -> tuple[dict[str, Any], list[Any]]:
+    members = [_fields(m, held) for m in c.caches] if isinstance(c, CacheList) else []
+    return _copied(vars(c), held and isinstance(c, RotatingKVCache)), members
 
 
-def restore(caches: list[list[Any]], saved: list[list[Any]]) -> None:
-    """Put every cache back as `snapshot` found it (`saved` may be restored again later)."""
+def _copied(fields: dict[str, Any], own: bool) -> dict[str, Any]:
+    """The fields with lists copied, and with `own` every array as a new object of its value."""
+    def one(v: Any) -> Any:
+        return v[...] if own and isinstance(v, mx.array) else v
+
+    return {k: [one(a) for a in v] if isinstance(v, list) else one(v) for k, v in fields.items()}
+
+
+def restore(caches: list[list[Any]], saved: list[list[Any]], held: bool = False) -> None:
+    """Put every cache back as `snapshot` found it (`saved` may be restored again later; with `held`,
+    a window's arrays again as new objects, so a later in-place write leaves `saved` as it was)."""
     for cache, fields in zip(caches, saved):
         for c, f in zip(cache, fields):
-            _put_back(c, f)
+            _put_back(c, f, held)
 
 
-def _put_back(c: Any, saved: tuple[dict[str, Any], list[Any]]) -> None:
+def _put_back(c: Any, saved: tuple[dict[str, Any], list[Any]], held: bool) -> None:
     fields, members = saved
     vars(c).clear()
-    vars(c).update({k: list(v) if isinstance(v, list) else v for k, v in fields.items()})  # saved stays as saved
+    vars(c).update(_copied(fields, held and isinstance(c, RotatingKVCache)))  # saved stays as saved
     for m, f in zip(c.caches if members else (), members):
-        _put_back(m, f)
+        _put_back(m, f, held)
 
 
 def install_row_attention() -> None:

@@ -135,3 +135,17 @@ def positions(x: mx.array | Carry, start: int, stop: int | None = None) -> mx.ar
     if isinstance(x, Carry):
         return Carry(x.h[:, start:stop], {k: v[:, start:stop] for k, v in x.extras.items()})
     return x[:, start:stop]
+
+
+class EveryPosition:
+    """How a stage's input or output is cut and joined by position when every tensor in it holds one
+    entry per position (all boundaries but DeepSeek-V4.1's: hyper_streams.GroupedParts): along axis 1.
+    The replay of a rollback cuts and joins inputs and outputs with it (rewind.py)."""
+
+    def positions(self, x: mx.array | Carry, at: int, start: int, stop: int | None = None) -> mx.array | Carry:
+        """Positions [start, stop) of `x`, whose first position is `at`."""
+        return positions(x, start, stop)
+
+    def join(self, xs: list, at: int) -> mx.array | Carry:
+        """Inputs or outputs of consecutive positions from `at` as one."""
+        return join(xs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.engine.stage.rewind import Rewind
+from orchestrator.engine.stage.rewind import Rewind, Rollback
 from orchestrator.engine.stage.sampling import Sampler
 
 
@@ -18,8 +18,7 @@ class RequestState:
     position: int = 0
     draft: list[int] | None = None  # the drafted tokens its next FORWARD chunk ends with (speculate.py)
     rewind: Rewind = field(init=False)  # how its caches go back after a verification chunk (rewind.py)
-    drop: int = 0  # in the step being computed: leading positions replayed by a rollback, not output
-    rollback: str | None = "trim"  # the stage's rollback_of its caches; None: it refuses speculation
+    rollback: Rollback | None = Rollback("trim")  # the stage's (rewind.rollback_for); None: it refuses speculation
 
     def __post_init__(self) -> None:
         self.rewind = Rewind(self.rollback)

@@ -31,7 +31,15 @@ from orchestrator.engine.stage.batch import (
     snapshot,
     split_attention_by_row,
 )
-from orchestrator.engine.stage.carry import PER_LAYER, Carry, PerLayerFeed, concatenate, handed_codec, row
+from orchestrator.engine.stage.carry import (
+    PER_LAYER,
+    Carry,
+    EveryPosition,
+    PerLayerFeed,
+    concatenate,
+    handed_codec,
+    row,
+)
 from orchestrator.engine.stage.hyper_streams import STREAMS_MIX, hyper_streams
 from orchestrator.engine.stage.interrupt import LayerChecks
 from orchestrator.engine.stage.model_parts import ShardError, activation_dtype, hollow_ends, layer_list
@@ -195,7 +203,15 @@ class StageModel:
     @property
     def speculation_refusal(self) -> str | None:
         """Why this stage cannot verify drafted tokens exactly, or None (docs/speculation.md)."""
-        return support.speculation_refusal(self.family, split=not (self.first and self.last))
+        return support.speculation_refusal(self.family)
+
+    @property
+    def by_position(self) -> tuple[Any, Any]:
+        """How this stage's input and its output are cut and joined by position (a rollback's replay,
+        rewind.py): along axis 1, or for DeepSeek-V4.1's boundaries by compressed group too."""
+        if self._streams is None:
+            return EveryPosition(), EveryPosition()
+        return self._streams.inputs, self._streams.outputs
 
     def expects(self, position: int) -> Any:
         """What a frame for a step from `position` carries beside the hidden state (tensors.py's

@@ -15,8 +15,9 @@ carries the position it continues from, lower than the stage's, and the stage ro
 (rewind.py: mlx-lm's own `trim` for plain KV; a rewind point and a replay of the accepted positions
 for recurrent states, sliding windows and chunked attention). That is only allowed right after a
 verification chunk and no further back than its first position + 1, so a confused coordinator cannot
-rewind a request. A family whose chunked forward is not its step-by-step forward refuses to verify
-(`StageModel.speculation_refusal`).
+rewind a request. A family whose chunked forward is not its step-by-step forward (PLaMo 3,
+support.STEPWISE) runs the chunk one position at a time (rewind.Rewind.forward); one that cannot verify
+exactly at all would refuse (`StageModel.speculation_refusal`; none does).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUS
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import CacheMiss, StageCache, disk_tier, json_or_empty
 from orchestrator.engine.stage.request import RequestState
-from orchestrator.engine.stage.rewind import output, rollback_of
+from orchestrator.engine.stage.rewind import rollback_for
 from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import parse_draft, verified
@@ -63,8 +63,10 @@ class Stage:
         self.links = Links(self.index, next_node, secret, max_frame, log)
         refusal = model.speculation_refusal
         # how a request goes back after a verification chunk (rewind.py); None: this stage never verifies
-        self.rollback = None if refusal else rollback_of(model.make_cache())
-        speculation = {"speculation": refusal is None, "rollback": self.rollback}
+        self.rollback = rollback_for(model)
+        speculation = {"speculation": self.rollback is not None, "rollback": self.rollback and self.rollback.how}
+        if self.rollback is not None and self.rollback.stepwise:
+            speculation["verification"] = "stepwise"  # one position at a time (support.STEPWISE)
         if refusal:
             speculation["speculation_refused"] = refusal
         self.stats = StageStats(self.index, model.layer_range, rss_bytes=rss_bytes(),
@@ -268,8 +270,8 @@ class Stage:
                     self._error(f.request_id, f"stage {self.index}: {exc}")
                     continue
                 # a rollback's replay runs in front of the input (rewind.py)
-                x, state.position, state.drop = state.rewind.prepare(state.cache, state.position, x,
-                                                                     state.draft is not None, self.model.forward)
+                x, state.position = state.rewind.prepare(state.cache, state.position, x, state.draft is not None,
+                                                         self.model.forward)
                 work.append((f, state, x))
         if not work:
             return []
@@ -346,7 +348,7 @@ class Stage:
                 self._batch_refusal_logged = True
                 self.log.warning("batch.unavailable", reason=model.batch_refusal,
                                  detail="decode steps now run one request at a time (still exact)")
-        hs = [output(model.forward(x, s.cache) if h is None else h, s.drop) for (_, s, x), h in zip(work, hs)]
+        hs = [s.rewind.forward(model.forward, x, s.cache) if h is None else h for (_, s, x), h in zip(work, hs)]
         for (f, s, x), _h in zip(work, hs):
             s.rewind.ran(f.position, s.draft is not None)  # a verification chunk may be rolled back
             s.position += x.shape[1]
