@@ -56,7 +56,7 @@ def speculate(stages: list[StageModel], prompt: list[int], answer: list[int], sk
         if wrong < len(draft):
             draft[wrong] = (draft[wrong] + 1) % 500
         logits = through([token, *draft], position, verifying=bool(draft))
-        emitted = [t for t, _ in verify(sampler, logits, draft)]
+        emitted = [t for t, _, _ in verify(sampler, logits, draft)]
         end = position + len(draft) + 1
         for i, (c, r) in enumerate(zip(caches, rewinds)):  # every stage rolls back to what the pass accepted
             if position + len(emitted) < end:
