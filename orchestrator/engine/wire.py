@@ -83,8 +83,23 @@ class Flag(enum.IntFlag):
     NAMED = 8   # a FORWARD frame whose payload is several named tensors (`named_payload`)
     RUN = 16    # a RESULT of a verification pass that another RESULT of the same pass follows
 
+    # IntFlag's own & and | build their result through the enum machinery, microseconds each and
+    # several per frame of every step: these look it up (the table holds every valid combination).
+    def __and__(self, other: object) -> "Flag":
+        return _flag(int(self) & int(other)) if isinstance(other, int) else NotImplemented
 
-_FLAGS = Flag.SAMPLE | Flag.MORE | Flag.SOLO | Flag.NAMED | Flag.RUN
+    def __or__(self, other: object) -> "Flag":
+        return _flag(int(self) | int(other)) if isinstance(other, int) else NotImplemented
+
+    __rand__, __ror__ = __and__, __or__
+
+
+def _flag(value: int) -> Flag:
+    found = _FLAG_OF.get(value)
+    return found if found is not None else enum.IntFlag.__new__(Flag, value)  # unknown bits: IntFlag's own
+
+
+_FLAGS = Flag(sum(int(f) for f in (Flag.SAMPLE, Flag.MORE, Flag.SOLO, Flag.NAMED, Flag.RUN)))
 # Table lookups for the header's enums: an Enum call by value costs microseconds per frame.
 _KIND_OF = {int(k): k for k in Kind}
 _DTYPE_OF = {int(d): d for d in DType}
