@@ -51,7 +51,9 @@ def _wire(a: mx.array) -> tuple[DType, bytes]:
         raise ValueError(f"no wire type for {a.dtype}")
     dtype = _TO_WIRE[a.dtype]
     raw = a.view(mx.uint16) if dtype is DType.BFLOAT16 else a  # the buffer protocol has no bfloat16
-    return dtype, memoryview(raw).tobytes()  # C order, strided or not; one copy, no numpy array
+    view = memoryview(raw)
+    # A row-major array is sent as a view of its own memory (transport.send_parts); any other is copied in C order.
+    return dtype, view.cast("B") if view.c_contiguous else view.tobytes()
 
 
 def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NONE,

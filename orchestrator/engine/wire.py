@@ -121,7 +121,7 @@ class Frame(NamedTuple):
     dtype: DType = DType.NONE
     shape: tuple[int, ...] = ()
     flags: Flag = Flag.NONE
-    payload: bytes = b""
+    payload: bytes = b""  # or, for a tensor this process computed, a flat byte view of it (sent without a copy)
 
     def __repr__(self) -> str:
         return (f"Frame(kind={self.kind!r}, request_id={self.request_id}, position={self.position}, "
@@ -150,14 +150,18 @@ def json_frame(kind: Kind, obj: Any, request_id: int = 0, position: int = 0, fla
     return Frame(kind, request_id, position, DType.NONE, (), flags, payload)
 
 
-def encode(frame: Frame) -> bytes:
-    """Serialise a frame: header followed by payload."""
+def header(frame: Frame) -> bytes:
+    """A frame's 36-byte header (its payload follows it on the wire)."""
     shape = tuple(frame.shape) + (0,) * (3 - len(frame.shape))
-    header = HEADER.pack(
+    return HEADER.pack(
         MAGIC, VERSION, int(frame.kind), int(frame.dtype), int(frame.flags), len(frame.shape), 0,
         frame.request_id, frame.position, *shape, len(frame.payload),
     )
-    return header + frame.payload
+
+
+def encode(frame: Frame) -> bytes:
+    """Serialise a frame: header followed by payload."""
+    return header(frame) + frame.payload
 
 
 def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:

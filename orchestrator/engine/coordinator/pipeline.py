@@ -87,6 +87,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         self._group_left: dict[int, int] = {}
         self._group_ids = itertools.count(1)
         self._passes: dict[int, list[int]] = {}  # request -> [drafted, RESULTs received] of its pass in flight
+        self._emitted: list[tuple[Generation, TokenEvent | Finished | Failed]] = []  # for `_deliver`
         self.speculative_tokens = config.cluster.speculative_tokens
         # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
         # to drive verification through chosen accepts and rejections.
@@ -157,9 +158,23 @@ class Pipeline(Liveness, PromptCaching, Speculating):
             if item is not None:
                 if item[0] == "stop":
                     self._shutdown()
+                    self._deliver()
                     return
                 self._dispatch_event(item)
+                self._deliver()
             self._tick()
+            self._deliver()
+
+    def _emit(self, gen: Generation, event: TokenEvent | Finished | Failed) -> None:
+        """Queue an event for a request's reader; `_deliver` hands them over once the event at hand
+        is handled (and its next step sent: waking a streaming thread is not on the next token's path)."""
+        self._emitted.append((gen, event))
+
+    def _deliver(self) -> None:
+        """Hand the emitted events to their requests' readers, in order."""
+        emitted, self._emitted = self._emitted, []
+        for gen, event in emitted:
+            gen.events.put(event)
 
     def _dispatch_event(self, item: tuple) -> None:
         what = item[0]
@@ -179,7 +194,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
 
     def _fail_all(self, message: str) -> None:
         for a in self._active.values():
-            a.gen.events.put(Failed(message))
+            self._emit(a.gen, Failed(message))
         self._active.clear()
         self._ready.clear()
         self._group_of.clear()
@@ -198,12 +213,12 @@ class Pipeline(Liveness, PromptCaching, Speculating):
     # --- requests -------------------------------------------------------------------------
     def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
         if not internal and self._state != "ready":
-            gen.events.put(Failed(f"pipeline is {self._state}: {self._reason}"))
+            self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
             return
         # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
         # a canary in flight must not turn the one allowed request away
         if not internal and self._public_count() >= self.max_requests:
-            gen.events.put(Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
+            self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
             return
         prompt = gen.prompt
         reuse = None if internal else self.cache.plan(prompt)
@@ -338,7 +353,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
                 return
         if a.generated == 1 and not a.internal:
             self.metrics.observe_ttft(now() - a.gen.submitted)
-        a.gen.events.put(TokenEvent(token, logprob, tuple(top)))
+        self._emit(a.gen, TokenEvent(token, logprob, tuple(top)))
         if not a.internal:
             self.metrics.add_tokens(1)
         if a.internal and a.generated >= a.gen.params.max_tokens:
@@ -394,7 +409,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         if self.drafter is not None:
             self.drafter.forget(a.rid)
         if event is not None:
-            a.gen.events.put(event)
+            self._emit(a.gen, event)
         if a.canary:
             self.watchdog.canary_returned()
         if a.internal and isinstance(event, Failed):
@@ -424,3 +439,4 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         except OSError as exc:
             self._lose(index, f"send failed: {exc}")
             return False
+
