@@ -135,6 +135,10 @@ CACHE = Setting("PIPESERVE_CACHE", path, None,
 ROUTER_ADMIN_TOKEN = Setting("PIPESERVE_ROUTER_ADMIN_TOKEN", text, None,
                              "the router's admin token the dashboard registers sessions with", "none")
 
+STEP_TRACE = Setting("PIPESERVE_STEP_TRACE", path, None,
+                     "a file every stage and coordinator appends its steps' timestamps to, to time a running "
+                     "pipeline across its processes (engine/steptrace.py); unset: nothing is recorded", "none")
+
 CHROMIUM = Setting("PIPESERVE_CHROMIUM", text, "/usr/bin/chromium",
                    "the Chromium binary the browser tests drive (e2e/)")
 TIMING_TRIES = Setting("PIPESERVE_TIMING_TRIES", positive_int, 3,
@@ -153,7 +157,8 @@ XDG_CACHE_HOME = Setting("XDG_CACHE_HOME", path, None, "base of the default down
 ALL: tuple[Setting, ...] = (
     CLUSTER_SECRET, BLAS, STAGE_THREADS, SOLO_THREADS, STALL_TIMEOUT_S, CANARY_INTERVAL_S, PARENT_PID, FAULTS,
     HTTP_MAX_CONNECTIONS, HTTP_HEADER_TIMEOUT, HTTP_IDLE_TIMEOUT, HTTP_BODY_TIMEOUT, HTTP_WRITE_TIMEOUT,
-    LOG_MAX_BYTES, LOG_FILE, FOLLOW_DEADLINE_S, CACHE, ROUTER_ADMIN_TOKEN, TIMING_TRIES, CHROMIUM, FULL_MATRIX,
+    LOG_MAX_BYTES, LOG_FILE, FOLLOW_DEADLINE_S, CACHE, ROUTER_ADMIN_TOKEN, STEP_TRACE, TIMING_TRIES, CHROMIUM,
+    FULL_MATRIX,
     HF_ENDPOINT, XDG_STATE_HOME, XDG_CACHE_HOME,
 )
 

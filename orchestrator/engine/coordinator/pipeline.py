@@ -38,6 +38,7 @@ from orchestrator.engine.coordinator.prompt_caching import PromptCaching
 from orchestrator.engine.coordinator.speculation import Speculating, drafts_now
 from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
 from orchestrator.engine.stage.sampling import decode_result
+from orchestrator.engine.steptrace import StepTrace
 from orchestrator.engine.tensors import tokens_frame
 from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
 from orchestrator.logs import EventLogger
@@ -88,6 +89,7 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         self._group_ids = itertools.count(1)
         self._passes: dict[int, list[int]] = {}  # request -> [drafted, RESULTs received] of its pass in flight
         self._emitted: list[tuple[Generation, TokenEvent | Finished | Failed]] = []  # for `_deliver`
+        self.trace = StepTrace.of("coordinator")  # None unless PIPESERVE_STEP_TRACE names a file
         self.speculative_tokens = config.cluster.speculative_tokens
         # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
         # to drive verification through chosen accepts and rejections.
@@ -286,6 +288,8 @@ class Pipeline(Liveness, PromptCaching, Speculating):
         frames += chunks
         self._group_left[gid] = len(members)
         self._send(0, frames)
+        if self.trace is not None:
+            self.trace.mark("sent")
 
     def _dispatch(self) -> None:
         """Send ready requests as micro-batches, keeping at most one group per stage in flight."""
@@ -298,6 +302,8 @@ class Pipeline(Liveness, PromptCaching, Speculating):
 
     def _on_frames(self, index: int, frames: list[Frame]) -> None:
         self._last_seen[index] = now()
+        if self.trace is not None and frames[0].kind is Kind.RESULT:
+            self.trace.mark("results")
         for f in frames:
             if f.kind is Kind.RESULT:
                 self._on_result(f)

@@ -34,6 +34,7 @@ from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import parse_draft, verified
 from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
 from orchestrator.engine.stage_address import next_address
+from orchestrator.engine.steptrace import StepTrace
 from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
 from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
 from orchestrator.logs import EventLogger
@@ -85,6 +86,7 @@ class Stage:
         self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
         if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
             model.checks.pause_s = LAYER_PAUSE_S
+        self.trace = StepTrace.of(f"stage-{self.index}")  # None unless PIPESERVE_STEP_TRACE names a file
 
     @property
     def next_node(self) -> NodeSpec | None:
@@ -143,6 +145,7 @@ class Stage:
         """Handle one group of frames from upstream; `queued`: the RESETs the gate had read when it
         queued them (None: never stale). A group a later RESET overtook is stale: its steps are skipped,
         or abandoned between layers when the RESET comes while they compute (interrupt.py)."""
+        self._mark("received")
         out: list[Frame] = []
         run: list[Frame] = []
         if queued is not None and queued < self.gate.resets:
@@ -155,11 +158,11 @@ class Stage:
                 run.append(frame)
                 continue
             if run:
-                out += self._forward(run, queued)
+                out = self._forward(run, queued, out)
                 run = []
             out += self._control(frame)
         if run:
-            out += self._forward(run, queued)
+            out = self._forward(run, queued, out)
         if out:
             self._send_down(out)
 
@@ -253,9 +256,13 @@ class Stage:
         if address is not None:
             self.links.reroute(address)
 
-    def _forward(self, frames: list[Frame], queued: int | None = None) -> list[Frame]:
-        """Run the layers for FORWARD frames; returns hidden frames (or sends RESULTs if last).
-        `queued`: as for _handle_group (a long step is abandoned once a later RESET is read)."""
+    def _forward(self, frames: list[Frame], queued: int | None = None,
+                 ahead: list[Frame] | None = None) -> list[Frame]:
+        """Run the layers for FORWARD frames and send their output on at once: hidden frames
+        downstream after the group's frames `ahead` of them (or RESULTs to the coordinator, if last);
+        the step's bookkeeping only then. Returns the frames still to send (`ahead` when nothing
+        was). `queued`: as for _handle_group (a long step is abandoned once a later RESET is read)."""
+        ahead = ahead or []
         work: list[tuple[Frame, RequestState, mx.array]] = []
         for f in frames:
             state = self.requests.get(f.request_id)
@@ -274,7 +281,8 @@ class Stage:
                                                          self.model.forward)
                 work.append((f, state, x))
         if not work:
-            return []
+            return ahead
+        self._mark("input")
         self._set_threads(all(f.flags & Flag.SOLO for f, _, _ in work))
         t0 = time.perf_counter()
         first, _, x0 = work[0]
@@ -284,17 +292,22 @@ class Stage:
                 outputs = self._compute(work)
         except Abandoned as exc:  # a RESET came: it drops these requests next
             self.log.info("step.abandoned", requests=len(work), reason=exc)
-            return []
+            return ahead
         except Exception as exc:  # a failed step fails its requests, not the stage
             self.log.error("step.failed", exc_info=True, requests=len(work))
             for f, _, _ in work:
                 self._error(f.request_id, f"stage {self.index}: {exc}")
                 self.requests.pop(f.request_id, None)
-            return []
+            return ahead
         finally:
             self.progress = None
-        self._record_step(time.perf_counter() - t0, len(work))
-        return outputs
+        seconds = time.perf_counter() - t0
+        if outputs:
+            self._send_down(ahead + outputs)
+            self._mark("sent")
+            ahead = []
+        self._record_step(seconds, len(work))
+        return ahead
 
     def _interruptible(self, work: list[tuple[Frame, RequestState, Any]], queued: int | None) -> AbstractContextManager:
         """Layer by layer, abandoned if a RESET is read meanwhile, for a long step (interrupt.py)."""
@@ -357,6 +370,7 @@ class Stage:
             for _, s, _ in work:
                 s.draft = None
             mx.eval(hs, states)
+            self._mark("evaluated")
             return [_downstream(f, h) for (f, _, _), h in zip(work, hs)]
         results = []
         # Each request's own processors, grammar mask and PRNG key (engine/stage/sampling.py), row by row.
@@ -372,6 +386,7 @@ class Stage:
                     self._end_request(f.request_id, exc)
         picks = [s.sampler.pick(lp) for _, s, lp in sampled]  # each token with its log-prob: one evaluation
         mx.eval(picks, [lp for _, _, lp in sampled], states)  # a prefill chunk's head is never computed
+        self._mark("evaluated")
         for (f, s, lp), (token, logprob) in zip(sampled, picks):
             chosen = int(token.item())
             try:
@@ -383,6 +398,7 @@ class Stage:
                                  payload=s.sampler.encode(chosen, logprob.item(), lp)))
         if results:
             self._send_coordinator(results)
+            self._mark("sent")
         return []
 
     def _verify(self, f: Frame, s: RequestState, logits: mx.array) -> list[Frame]:
@@ -393,6 +409,11 @@ class Stage:
         except ValueError as exc:
             self._end_request(f.request_id, exc)
             return []
+
+    def _mark(self, event: str) -> None:
+        """Note a step's event when PIPESERVE_STEP_TRACE is set (engine/steptrace.py)."""
+        if self.trace is not None:
+            self.trace.mark(event)
 
     def _end_request(self, request_id: int, exc: Exception | str) -> None:
         self._error(request_id, f"stage {self.index}: {exc}")
