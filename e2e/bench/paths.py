@@ -74,8 +74,15 @@ def rows_of(marks: list[tuple[float, str, str]], stages: int) -> list[tuple[str,
     last = f"stage-{stages - 1}"
     rows = [(f"stage {k}: input ready → output evaluated (its layers)",
              spans(marks, (f"stage-{k}", "input"), (f"stage-{k}", "evaluated"), 1000)) for k in range(stages)]
-    rows += [(f"boundary {k} → {k + 1}: evaluated → next stage's input ready",
-              spans(marks, (f"stage-{k}", "evaluated"), (f"stage-{k + 1}", "input"))) for k in range(stages - 1)]
+    for k in range(stages - 1):
+        sender, receiver = f"stage-{k}", f"stage-{k + 1}"
+        rows += [(f"boundary {k} → {k + 1}: evaluated → next stage's input ready",
+                  spans(marks, (sender, "evaluated"), (receiver, "input"))),
+                 (f"  of which stage {k}: evaluated → sent", spans(marks, (sender, "evaluated"), (sender, "sent"))),
+                 (f"  of which evaluated → stage {k + 1}'s reader has the frames",
+                  spans(marks, (sender, "evaluated"), (receiver, "read"))),
+                 (f"  of which stage {k + 1}: read → input ready (the hand-off to its MLX thread, the array)",
+                  spans(marks, (receiver, "read"), (receiver, "input")))]
     rows += [("last stage: evaluated → its RESULT sent", spans(marks, (last, "evaluated"), (last, "sent"))),
              ("RESULT sent → coordinator has it", spans(marks, (last, "sent"), ("coordinator", "results"))),
              ("coordinator: RESULT → next step sent",

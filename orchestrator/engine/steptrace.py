@@ -2,11 +2,12 @@
 
 A profile of one process in isolation (engine/profiling/step.py) cannot show what a stage boundary
 costs while the other stages compute on the same cores. With `PIPESERVE_STEP_TRACE=<file>` every
-stage and the coordinator note, per step, when its input was read and ready, when its output was
-evaluated and when it was sent; `perf_counter` is the monotonic clock every process of a machine
-shares, so one file orders them all (`e2e/bench/paths.py --pipeline` reads it). Marks are kept in
-memory and appended in batches: one write per `FLUSH_EVERY` marks, never a file operation per step.
-Off (no file set), nothing is recorded and `StepTrace.of` gives None.
+stage and the coordinator note, per step, when its input was read (a stage's upstream reader thread
+marks "read", in marks of its own) and ready, when its output was evaluated and when it was sent;
+`perf_counter` is the monotonic clock every process of a machine shares, so one file orders them all
+(`e2e/bench/paths.py --pipeline` reads it). Marks are kept in memory and appended in batches: one
+write per `FLUSH_EVERY` marks, never a file operation per step. Off (no file set), nothing is recorded
+and `StepTrace.of` gives None.
 """
 
 from __future__ import annotations

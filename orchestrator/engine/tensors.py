@@ -50,8 +50,9 @@ def _wire(a: mx.array) -> tuple[DType, bytes]:
     if a.dtype not in _TO_WIRE:
         raise ValueError(f"no wire type for {a.dtype}")
     dtype = _TO_WIRE[a.dtype]
-    raw = a.view(mx.uint16) if dtype is DType.BFLOAT16 else a  # the buffer protocol has no bfloat16
-    view = memoryview(raw)
+    # mlx exports bfloat16 buffers too (their bytes are all the wire needs); a uint16 view first
+    # would be one more graph evaluation per hop (20-50 µs after the step, measured)
+    view = memoryview(a)
     # A row-major array is sent as a view of its own memory (transport.send_parts); any other is copied in C order.
     return dtype, view.cast("B") if view.c_contiguous else view.tobytes()
 
@@ -75,6 +76,18 @@ def to_frame(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NON
         a_dtype, a_data = _wire(a)
         tensors[name] = Tensor(a_dtype, tuple(a.shape), a_data)
     return Frame(Kind.FORWARD, request_id, position, DType.NONE, (), flags | Flag.NAMED, named_payload(tensors))
+
+
+def framed_ahead(request_id: int, position: int, h: mx.array, flags: Flag = Flag.NONE) -> Frame:
+    """`to_frame` of a hidden state not evaluated yet: its payload is the row-major array itself, to be
+    evaluated with the step (pass `frame.payload` to `mx.eval`) and then sent as its own memory.
+
+    Right after a step's evaluation every line of Python runs several times slower (the layers'
+    weights evicted it from the caches): framing there was a fifth of a stage boundary, framing
+    while the graph is built costs next to nothing (docs/benchmark.md)."""
+    if h.dtype not in _TO_WIRE:
+        raise ValueError(f"no wire type for {h.dtype}")
+    return Frame(Kind.FORWARD, request_id, position, _TO_WIRE[h.dtype], tuple(h.shape), flags, mx.contiguous(h))
 
 
 def _array(t: Tensor | Frame) -> mx.array:

@@ -42,14 +42,16 @@ def send_parts(sock: socket.socket, parts: list) -> int:
     A gathered send: a tensor's payload (a view of its array) goes out without being copied into
     one string with the headers first (a copy that, right after a step, also paid for the heap
     housekeeping of everything the step freed)."""
-    total = sum(len(p) for p in parts)
+    sizes = [wire.payload_size(p) for p in parts]  # (an mlx array's len() is its first dimension)
+    total = sum(sizes)
     while parts:
         sent = sock.sendmsg(parts)
-        while parts and sent >= len(parts[0]):
-            sent -= len(parts[0])
-            parts = parts[1:]
+        while parts and sent >= sizes[0]:
+            sent -= sizes[0]
+            parts, sizes = parts[1:], sizes[1:]
         if sent:
-            parts = [memoryview(parts[0])[sent:], *parts[1:]]
+            parts = [memoryview(parts[0]).cast("B")[sent:], *parts[1:]]
+            sizes[0] -= sent
     return total
 
 
@@ -91,7 +93,7 @@ class Connection:
         parts = []
         for f in frames:
             parts.append(wire.header(f))
-            if len(f.payload):
+            if wire.payload_size(f.payload):
                 parts.append(f.payload)
         with self._send_lock:
             self.bytes_sent += send_parts(self.sock, parts)

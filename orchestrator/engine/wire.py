@@ -121,11 +121,14 @@ class Frame(NamedTuple):
     dtype: DType = DType.NONE
     shape: tuple[int, ...] = ()
     flags: Flag = Flag.NONE
-    payload: bytes = b""  # or, for a tensor this process computed, a flat byte view of it (sent without a copy)
+    # or, for a tensor this process computed, a flat byte view of it or the row-major mlx array itself
+    # (`tensors.framed_ahead`): sent without a copy, its length `payload_size`
+    payload: bytes = b""
 
     def __repr__(self) -> str:
         return (f"Frame(kind={self.kind!r}, request_id={self.request_id}, position={self.position}, "
-                f"dtype={self.dtype!r}, shape={self.shape}, flags={self.flags!r}, payload=<{len(self.payload)} bytes>)")
+                f"dtype={self.dtype!r}, shape={self.shape}, flags={self.flags!r}, "
+                f"payload=<{payload_size(self.payload)} bytes>)")
 
     def json(self) -> Any:
         """The payload parsed as JSON (for OPEN, PONG, ERROR, RESULT)."""
@@ -155,13 +158,18 @@ def header(frame: Frame) -> bytes:
     shape = tuple(frame.shape) + (0,) * (3 - len(frame.shape))
     return HEADER.pack(
         MAGIC, VERSION, int(frame.kind), int(frame.dtype), int(frame.flags), len(frame.shape), 0,
-        frame.request_id, frame.position, *shape, len(frame.payload),
+        frame.request_id, frame.position, *shape, payload_size(frame.payload),
     )
+
+
+def payload_size(payload: Any) -> int:
+    """A payload's length in bytes: bytes, a byte view, or an mlx array sent as its own memory."""
+    return len(payload) if isinstance(payload, (bytes, bytearray)) else payload.nbytes
 
 
 def encode(frame: Frame) -> bytes:
     """Serialise a frame: header followed by payload."""
-    return header(frame) + frame.payload
+    return header(frame) + bytes(memoryview(frame.payload).cast("B"))
 
 
 def decode_header(data: bytes, max_frame_bytes: int) -> tuple[Frame, int]:

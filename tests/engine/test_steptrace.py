@@ -47,7 +47,16 @@ def test_a_running_pipeline_marks_every_step_in_the_order_a_token_travels(tmp_pa
              ("stage-1", "evaluated"), ("stage-1", "sent"), ("coordinator", "results"), ("coordinator", "sent")]
     events = [m[1:] for m in marks]
     assert set(order) <= set(events)
-    # a decode step: each mark of the cycle follows the one before it, in every process
+    assert {("stage-0", "read"), ("stage-1", "read")} <= set(events)  # each stage's upstream reader
+    # a decode step: what causes what comes in that order (a "sent" is marked once the send returned, so
+    # the next process may read the frames before it)...
     start = events.index(("stage-0", "input"), len(events) // 2)
-    cycle = [e for e in events[start:] if e in order and e != ("stage-0", "received")][:len(order)]
-    assert cycle == order
+    causal = [("stage-0", "input"), ("stage-0", "evaluated"), ("stage-1", "read"), ("stage-1", "input"),
+              ("stage-1", "evaluated"), ("coordinator", "results"), ("stage-0", "read"), ("stage-0", "input")]
+    assert [e for e in events[start:] if e in causal][:len(causal)] == causal
+    # ...and every process marks its own events of a step in order (from its first of them: the step
+    # before may still be marking its "sent")
+    for who, own in (("stage-0", ["input", "evaluated", "sent"]), ("stage-1", ["read", "input", "evaluated", "sent"]),
+                     ("coordinator", ["results", "sent"])):
+        seen = [e for w, e in events[start:] if w == who and e in own]
+        assert seen[seen.index(own[0]):][:len(own)] == own

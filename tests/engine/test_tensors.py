@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import mlx.core as mx
 import pytest
 
 from orchestrator.engine import wire
-from orchestrator.engine.tensors import Expected, from_frame, from_frame_with, to_frame
-from orchestrator.engine.wire import DType, Flag, FrameError
+from orchestrator.engine.tensors import Expected, framed_ahead, from_frame, from_frame_with, to_frame
+from orchestrator.engine.transport import Connection, send_parts
+from orchestrator.engine.wire import DType, Flag, FrameError, Kind, json_frame
 
 H, P = 8, 4
 
@@ -114,3 +118,49 @@ def test_first_stage_still_takes_token_ids_only():
     f = to_frame(1, 0, _arr((1, 2, H)), extras={"per_layer": _arr((1, 2, 2, P))})
     with pytest.raises(ValueError, match="1-D int32 frame of token ids"):
         from_frame(f, first=True, hidden=H, vocab=10, dtype=mx.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+def test_a_frame_framed_before_the_evaluation_crosses_a_socket_as_to_frame_would(dtype):
+    # A real connection pair; the hidden state is lazy when framed and laid out column-major (a
+    # transpose): what is sent must still be its row-major bytes, as `to_frame` of the evaluated array.
+    a, b = socket.socketpair()
+    sender, receiver = Connection(a, "peer", "stage-0", 1 << 20), Connection(b, "peer", "stage-1", 1 << 20)
+    try:
+        base = _arr((1, H, 3), dtype)
+        h = base.transpose(0, 2, 1) * 2  # lazy
+        f = framed_ahead(4, 9, h, Flag.SAMPLE)
+        mx.eval(f.payload)
+        sender.send_group([f, json_frame(Kind.ERROR, {"message": "after"}, request_id=4)])
+        got = receiver.recv_group()
+    finally:
+        sender.close()
+        receiver.close()
+    expected = to_frame(4, 9, base.transpose(0, 2, 1) * 2, Flag.SAMPLE)
+    assert got[0]._replace(flags=got[0].flags & ~Flag.MORE, payload=b"") == expected._replace(payload=b"")
+    assert got[0].payload == bytes(expected.payload) and len(got[0].payload) == 3 * H * h.itemsize
+    assert got[1].json() == {"message": "after"}  # the next frame starts where the payload ended
+    x, _ = from_frame_with(got[0], hidden=H, dtype=dtype, extras={})
+    assert mx.array_equal(x, h).item()
+
+
+def test_a_payload_longer_than_the_socket_buffer_is_sent_whole():
+    # sendmsg sends part of a large gathered write (a socket with a timeout is non-blocking underneath, so
+    # each call sends what the buffer takes): the rest follows, from mid-array
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.settimeout(30)
+    h = _arr((1, 64, 1024))  # 128 KiB of bfloat16
+    f = framed_ahead(1, 0, h)
+    mx.eval(f.payload)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(Connection(b, "p", "stage-1", 1 << 20).recv()))
+    reader.start()
+    try:
+        sent = send_parts(a, [wire.header(f), f.payload])
+        reader.join(timeout=30)
+    finally:
+        a.close()
+        b.close()
+    assert sent == wire.HEADER_SIZE + h.nbytes
+    assert received and received[0].payload == bytes(to_frame(1, 0, h).payload)

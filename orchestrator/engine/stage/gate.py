@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 
 from orchestrator.engine import transport
 from orchestrator.engine.stage.handshake_slots import HandshakeSlots, host_key
+from orchestrator.engine.steptrace import StepTrace
 from orchestrator.engine.wire import Frame, FrameError, HandshakeError, Kind
 from orchestrator.logs import EventLogger
 
@@ -32,7 +33,7 @@ class Gate:
 
     def __init__(self, listener: socket.socket, secret: bytes, max_frame: int, upstream_role: str,
                  cluster_hosts: Iterable[str], inbox: queue.SimpleQueue, pong: Callable[[], Frame],
-                 log: EventLogger) -> None:
+                 log: EventLogger, stage: int | None = None) -> None:
         self.listener = listener
         self.secret = secret
         self.max_frame = max_frame
@@ -45,6 +46,8 @@ class Gate:
         self._resets = 0
         self._resets_lock = threading.Lock()
         self._stop = threading.Event()
+        # its own marks (one writer): the upstream reader notes when it has read a group (engine/steptrace.py)
+        self.trace = StepTrace.of(f"stage-{stage}") if stage is not None else None
 
     @property
     def resets(self) -> int:
@@ -149,6 +152,8 @@ class Gate:
             if any(f.kind is Kind.RESET for f in group):
                 with self._resets_lock:
                     self._resets += 1
+            if self.trace is not None:
+                self.trace.mark("read")
             self.inbox.put(("group", conn, group, self._resets))
 
 

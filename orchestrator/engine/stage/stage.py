@@ -34,7 +34,7 @@ from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import verified
 from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
 from orchestrator.engine.steptrace import StepTrace
-from orchestrator.engine.tensors import from_frame, from_frame_with, to_frame
+from orchestrator.engine.tensors import framed_ahead, from_frame, from_frame_with, to_frame
 from orchestrator.engine.wire import Flag, Frame, Kind, json_frame
 from orchestrator.logs import EventLogger
 
@@ -57,7 +57,7 @@ class Stage(ControlFrames):
         # SimpleQueue: its put/get are C, a cheaper hand-off on every step than Queue's Python locks
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.gate = Gate(listener, secret, max_frame, upstream_role, (n.host_port[0] for n in config.nodes),
-                         self.inbox, self._pong, log)
+                         self.inbox, self._pong, log, stage=self.index)
         # MLX-thread state
         self.requests: dict[int, RequestState] = {}
         self.links = Links(self.index, next_node, secret, max_frame, log)
@@ -273,9 +273,12 @@ class Stage(ControlFrames):
         if not model.last:
             for _, s, _ in work:
                 s.draft = None
-            mx.eval(hs, states)
+            # framed before the evaluation, each payload its array (tensors.framed_ahead); NAMED ones after
+            framed = [None if isinstance(h, Carry) else framed_ahead(f.request_id, f.position, h, _passed(f.flags))
+                     for (f, _, _), h in zip(work, hs)]
+            mx.eval(hs, [a.payload for a in framed if a is not None], states)
             self._mark("evaluated")
-            return [_downstream(f, h) for (f, _, _), h in zip(work, hs)]
+            return [a or _downstream(f, h) for (f, _, _), h, a in zip(work, hs, framed)]
         results = []
         # Each request's own processors, grammar mask and PRNG key (engine/stage/sampling.py), row by row.
         # A grammar that fails (llguidance's limits) ends its own request, not its batch-mates.
@@ -353,7 +356,14 @@ __all__ = ["Stage"]
 
 def _downstream(f: Frame, h: mx.array | Carry) -> Frame:
     """The frame carrying a step's output to the next stage (a NAMED frame for a `Carry`)."""
-    flags = f.flags & (Flag.SAMPLE | Flag.SOLO)
     if isinstance(h, Carry):
-        return to_frame(f.request_id, f.position, h.h, flags, h.extras)
-    return to_frame(f.request_id, f.position, h, flags)
+        return to_frame(f.request_id, f.position, h.h, _passed(f.flags), h.extras)
+    return to_frame(f.request_id, f.position, h, _passed(f.flags))
+
+
+def _passed(flags: Flag) -> Flag:
+    """The flags of an input frame its output frame downstream keeps."""
+    return flags & _PASSED
+
+
+_PASSED = Flag.SAMPLE | Flag.SOLO
