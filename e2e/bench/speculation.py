@@ -33,6 +33,7 @@ import http.client
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import threading
@@ -80,6 +81,7 @@ class Row(NamedTuple):
     same_text: bool
     steps: dict[str, list[float]]  # pipeline -> each stage's step ms at the end
     drafts_per_pass: float
+    rounds: dict[str, list[float]]  # system -> tok/s of each round (the systems of one round side by side)
 
 
 def chat(host: str, port: int, prompt: str, max_tokens: int) -> tuple[str, int, float]:
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(Row(workload, concurrent, best, accepted / drafted if drafted else 0.0,
                                     (accepted + passes) / passes if passes else 0.0,
                                     texts["spec"] == texts["plain"] == texts["single"], steps,
-                                    drafted / passes if passes else 0.0))
+                                    drafted / passes if passes else 0.0, got))
                     print(f"bench: {workload} x{concurrent}: " + ", ".join(
                         f"{k} {' / '.join(f'{x:.2f}' for x in v)}" for k, v in got.items()) + " tok/s (each round)",
                         file=sys.stderr)
@@ -249,20 +251,26 @@ def print_tables(args: argparse.Namespace, rows: list[Row], started: float, load
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
           f"in {(time.time() - started) / 60:.1f} min; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}; load average {load[0]:.1f} before, "
-          f"{load[1]:.1f} after. Rates: each system's best of the {args.rounds} rounds.\n")
+          f"{load[1]:.1f} after. Rates: each system's best of the {args.rounds} rounds; with ÷ without also "
+          f"round by round (both measured in the same round), to show how far one round's noise reaches.\n")
     print("| workload | requests | single-process tok/s | pipeline tok/s | pipeline ÷ single | with speculation "
-          "tok/s | with ÷ without | with ÷ single | acceptance | tokens per pass | same text (all three) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for workload, c, best, acc, per_pass, same, _, _ in rows:
+          "tok/s | with ÷ without | with ÷ without, each round (median) | with ÷ single | acceptance | "
+          "tokens per pass | same text (all three) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        best, c = r.rate, r.requests
         single = f"{best['single']:.2f}" + (" (one at a time)" if c > 1 else "")
-        print(f"| {workload} | {c} | {single} | {best['plain']:.2f} | {best['plain'] / best['single']:.2f}× | "
-              f"{best['spec']:.2f} | **{best['spec'] / best['plain']:.2f}×** | {best['spec'] / best['single']:.2f}× | "
-              f"{acc:.0%} | {per_pass:.2f} | {'yes' if same else 'NO'} |")
+        each = [a / b for a, b in zip(r.rounds["spec"], r.rounds["plain"])]
+        print(f"| {r.workload} | {c} | {single} | {best['plain']:.2f} | {best['plain'] / best['single']:.2f}× | "
+              f"{best['spec']:.2f} | **{best['spec'] / best['plain']:.2f}×** | "
+              f"{', '.join(f'{x:.2f}' for x in each)} ({statistics.median(each):.2f}) | "
+              f"{best['spec'] / best['single']:.2f}× | {r.acceptance:.0%} | {r.tokens_per_pass:.2f} | "
+              f"{'yes' if r.same_text else 'NO'} |")
     print("\nWhat a pass costs (1 request): each stage's step time at the end of the workload (the stages' EMA of "
           "their last ~10 steps, from GET /health; with speculation most steps are passes) and drafts per pass:\n")
     print("| workload | stage steps ms with speculation | stage steps ms without | with ÷ without | drafts per pass |")
     print("|---|---|---|---|---|")
-    for workload, c, _, _, _, _, steps, drafts in rows:
+    for workload, c, _, _, _, _, steps, drafts, _ in rows:
         if c == 1:
             ratio = sum(steps["spec"]) / sum(steps["plain"]) if sum(steps["plain"]) else 0.0
             print(f"| {workload} | {' + '.join(f'{x:.1f}' for x in steps['spec'])} | "
