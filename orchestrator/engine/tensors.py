@@ -46,10 +46,14 @@ def tokens_frame(request_id: int, position: int, tokens: list[int], flags: Flag 
     return Frame(Kind.FORWARD, request_id, position, DType.INT32, (len(tokens),), flags, payload)
 
 
-def _wire(a: mx.array) -> tuple[DType, bytes]:
+def _wire_dtype(a: mx.array) -> DType:
     if a.dtype not in _TO_WIRE:
         raise ValueError(f"no wire type for {a.dtype}")
-    dtype = _TO_WIRE[a.dtype]
+    return _TO_WIRE[a.dtype]
+
+
+def _wire(a: mx.array) -> tuple[DType, bytes]:
+    dtype = _wire_dtype(a)
     # mlx exports bfloat16 buffers too (their bytes are all the wire needs); a uint16 view first
     # would be one more graph evaluation per hop (20-50 µs after the step, measured)
     view = memoryview(a)
@@ -85,9 +89,7 @@ def framed_ahead(request_id: int, position: int, h: mx.array, flags: Flag = Flag
     Right after a step's evaluation every line of Python runs several times slower (the layers'
     weights evicted it from the caches): framing there was a fifth of a stage boundary, framing
     while the graph is built costs next to nothing (docs/benchmark.md)."""
-    if h.dtype not in _TO_WIRE:
-        raise ValueError(f"no wire type for {h.dtype}")
-    return Frame(Kind.FORWARD, request_id, position, _TO_WIRE[h.dtype], tuple(h.shape), flags, mx.contiguous(h))
+    return Frame(Kind.FORWARD, request_id, position, _wire_dtype(h), tuple(h.shape), flags, mx.contiguous(h))
 
 
 def _array(t: Tensor | Frame) -> mx.array:

@@ -274,11 +274,11 @@ class Stage(ControlFrames):
             for _, s, _ in work:
                 s.draft = None
             # framed before the evaluation, each payload its array (tensors.framed_ahead); NAMED ones after
-            framed = [None if isinstance(h, Carry) else framed_ahead(f.request_id, f.position, h, _passed(f.flags))
+            framed = [None if isinstance(h, Carry) else framed_ahead(f.request_id, f.position, h, f.flags & _PASSED)
                      for (f, _, _), h in zip(work, hs)]
             mx.eval(hs, [a.payload for a in framed if a is not None], states)
             self._mark("evaluated")
-            return [a or _downstream(f, h) for (f, _, _), h, a in zip(work, hs, framed)]
+            return [a or _named(f, h) for (f, _, _), h, a in zip(work, hs, framed)]
         results = []
         # Each request's own processors, grammar mask and PRNG key (engine/stage/sampling.py), row by row.
         # A grammar that fails (llguidance's limits) ends its own request, not its batch-mates.
@@ -354,16 +354,9 @@ class Stage(ControlFrames):
 __all__ = ["Stage"]
 
 
-def _downstream(f: Frame, h: mx.array | Carry) -> Frame:
-    """The frame carrying a step's output to the next stage (a NAMED frame for a `Carry`)."""
-    if isinstance(h, Carry):
-        return to_frame(f.request_id, f.position, h.h, _passed(f.flags), h.extras)
-    return to_frame(f.request_id, f.position, h, _passed(f.flags))
+_PASSED = Flag.SAMPLE | Flag.SOLO  # the flags of an input frame its output frame downstream keeps
 
 
-def _passed(flags: Flag) -> Flag:
-    """The flags of an input frame its output frame downstream keeps."""
-    return flags & _PASSED
-
-
-_PASSED = Flag.SAMPLE | Flag.SOLO
+def _named(f: Frame, h: Carry) -> Frame:
+    """The NAMED frame carrying a step's hidden state and extra tensors to the next stage."""
+    return to_frame(f.request_id, f.position, h.h, f.flags & _PASSED, h.extras)
