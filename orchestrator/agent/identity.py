@@ -24,8 +24,19 @@ from typing import Any
 from orchestrator.atomic_write import write_atomically
 from orchestrator.proc import SYSTEM_CLOCK, Clock
 
-MAX_CREDENTIALS = 32  # beyond this the oldest never-used one is dropped (else the oldest): bounded file
+MAX_CREDENTIALS = 32  # a bounded file: past it a pairing drops only a stale credential, else it is refused
 MAX_TICKETS = 256
+# A credential used within this is in use: no pairing ever drops it. Generous, because the control
+# plane may be stopped for days (a dashboard machine that was off) and must find its nodes paired.
+IN_USE_S = 30 * 86400.0
+# A fresh credential not used yet is spared this long: the control plane pairs, then calls at once.
+NEW_GRACE_S = 60.0
+# Last use is stored to this precision, so a busy credential does not rewrite auth.json per request.
+USE_STAMP_S = 3600.0
+
+
+class CredentialsFull(Exception):
+    """A pairing refused: every credential slot holds one in use (or freshly minted)."""
 
 
 def _digest(secret: str) -> str:
@@ -45,6 +56,17 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def _last_activity(cred: dict[str, Any]) -> float:
+    return max(float(cred.get("created") or 0), float(cred.get("used") or 0))
+
+
+def _stale(cred: dict[str, Any], now: float) -> bool:
+    """Whether a pairing may drop this credential: idle past IN_USE_S, or never used past the grace."""
+    if cred.get("used"):
+        return now - float(cred["used"]) > IN_USE_S
+    return now - float(cred.get("created") or 0) > NEW_GRACE_S
 
 
 @dataclass(frozen=True)
@@ -95,19 +117,26 @@ class AgentState:
             return token
 
     def pair(self, token: str, label: str = "") -> tuple[str, str] | None:
-        """Exchange the pairing token for a new credential: (credential, credential id), or None."""
+        """Exchange the pairing token for a new credential: (credential, credential id), or None
+        for a wrong token. At the cap a stale credential makes room; when none is stale the
+        pairing is refused with `CredentialsFull` and nothing changes."""
         with self._lock:
             if not hmac.compare_digest(_digest(token), self._auth.get("token_sha256", "")):
                 return None
+            creds = self._auth.setdefault("credentials", [])
+            now = time.time()
+            while len(creds) >= MAX_CREDENTIALS:
+                stale = [c for c in creds if _stale(c, now)]
+                if not stale:
+                    raise CredentialsFull(
+                        f"this agent already holds {len(creds)} credentials, all in use or just paired; "
+                        "pairing is refused so that none of them is dropped: revoke one (POST /v1/unpair "
+                        "with it) or run `pipeserve agent --reset-pairing`")
+                # Never-used ones first (what a flood of pairings mints), then the longest idle.
+                creds.remove(min(stale, key=lambda c: (bool(c.get("used")), _last_activity(c))))
             credential = secrets.token_urlsafe(32)
             cred_id = secrets.token_hex(4)
-            creds = self._auth.setdefault("credentials", [])
-            creds.append({"id": cred_id, "sha256": _digest(credential), "label": label, "created": time.time()})
-            while len(creds) > MAX_CREDENTIALS:
-                # Make room with the oldest credential never used since its pairing (what a flood
-                # of pairings mints), so the control plane's — in use — is never the one dropped.
-                unused = [c for c in creds[:-1] if not c.get("used")]
-                creds.remove(unused[0] if unused else creds[0])
+            creds.append({"id": cred_id, "sha256": _digest(credential), "label": label, "created": now})
             self._save()
             return credential, cred_id
 
@@ -133,8 +162,9 @@ class AgentState:
                 if hmac.compare_digest(digest, cred["sha256"]):
                     found, used = Caller("credential", cred["id"]), cred
             if found:
-                if used is not None and not used.get("used"):
-                    used["used"] = time.time()  # once per credential: it now outranks unused ones
+                now = time.time()
+                if used is not None and now - float(used.get("used") or 0) >= USE_STAMP_S:
+                    used["used"] = now  # last use, to the hour: a credential in use is never dropped
                     self._save()
                 return found
             now = self._clock.monotonic()

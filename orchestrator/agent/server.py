@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from orchestrator.agent.identity import CredentialsFull
 from orchestrator.agent.inventory import ModelNotFound
 from orchestrator.agent.jobs import Conflict, DiskSpaceError, DownloadError
 from orchestrator.agent.names import InvalidName, check_id, check_model_id, check_relpath
@@ -96,7 +97,11 @@ def build_routes(agent: "Agent") -> list[Route]:
 
     def pair(request: Request) -> Any:
         body = request.json(PairRequest)
-        got = agent.state.pair(body.token, body.label)
+        try:
+            got = agent.state.pair(body.token, body.label)
+        except CredentialsFull as exc:
+            agent.log.warning("agent.pair_refused_full", client=request.handler.client_address[0])
+            raise OpenAIError(409, str(exc), code="too_many_credentials") from None
         if got is None:
             time.sleep(0.25)  # slows guessing; the token has 192 random bits anyway
             agent.log.warning("agent.pair_refused", client=request.handler.client_address[0])

@@ -243,15 +243,39 @@ def test_deeply_nested_json_on_the_open_pair_route_is_a_400_without_a_traceback(
 
 
 def test_a_pairing_flood_never_evicts_the_control_planes_credential(spawn_agent):
-    """Issue 20, item 6, on a real agent: 32 pairings in 0.65 s dropped the oldest credential —
-    the dashboard's, which then got 401. Credentials in use are kept; unused ones make room."""
-    import requests as http
-
+    """Issue 20 item 6 and issue 39 item 2, on a real agent: pairings past the cap used to drop
+    the oldest unused credential, else the oldest — so 40 pairings, each new credential used
+    once, dropped the dashboard's (401). Credentials in use (or just paired) are never dropped:
+    a pairing past the cap is refused with 409 and changes nothing."""
     from orchestrator.agent.identity import MAX_CREDENTIALS
 
     agent = spawn_agent("a")
     agent.client.processes()  # the control plane's credential, in use
+    minted, refused = [], []
     for _ in range(MAX_CREDENTIALS + 8):
-        r = http.post(agent.url + "/v1/pair", json={"token": agent.token, "label": "flood"}, timeout=10)
-        assert r.status_code == 200, r.text
-    assert agent.client.processes() == []  # still paired
+        status, body = raw(agent, "POST", "/v1/pair", {"token": agent.token, "label": "flood"})
+        if status == 200:
+            minted.append(body["credential"])
+            assert raw(agent, "GET", "/v1/processes", token=body["credential"])[0] == 200  # used once
+        else:
+            refused.append((status, body))
+    assert agent.client.processes() == []  # the dashboard's credential: still 200 (was 401)
+    assert len(minted) == MAX_CREDENTIALS - 1  # the dashboard's holds the last slot
+    assert refused and all(s == 409 and b["error"]["code"] == "too_many_credentials" for s, b in refused)
+    assert "--reset-pairing" in refused[0][1]["error"]["message"]
+    assert all(raw(agent, "GET", "/v1/processes", token=c)[0] == 200 for c in minted)  # none dropped
+    status, _ = raw(agent, "POST", "/v1/unpair", token=minted[0])  # one revoked: one slot free again
+    assert status == 200
+    assert raw(agent, "POST", "/v1/pair", {"token": agent.token})[0] == 200
+    assert raw(agent, "POST", "/v1/pair", {"token": agent.token})[0] == 409
+
+
+def test_a_flood_of_unused_pairings_cannot_drop_a_credential_just_paired(spawn_agent):
+    """A credential not yet used is spared for a grace period, so a flood between a dashboard's
+    pairing and its first call cannot take it; the flood's own pairings past the cap are refused."""
+    from orchestrator.agent.identity import MAX_CREDENTIALS
+
+    agent = spawn_agent("a")  # its client paired at start and has not called yet
+    statuses = [raw(agent, "POST", "/v1/pair", {"token": agent.token})[0] for _ in range(MAX_CREDENTIALS + 4)]
+    assert agent.client.processes() == []  # was 401: the oldest never-used one was dropped
+    assert statuses.count(200) == MAX_CREDENTIALS - 1 and statuses.count(409) == 5

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from orchestrator.agent.identity import MAX_CREDENTIALS, AgentState
+import json
+
+import pytest
+
+from orchestrator.agent.identity import IN_USE_S, MAX_CREDENTIALS, NEW_GRACE_S, AgentState, CredentialsFull
 from orchestrator.proc import FakeClock
 
 
@@ -41,10 +45,46 @@ def test_reset_revokes_everything(tmp_path):
     assert state.pair(new_token) is not None
 
 
-def test_credentials_are_bounded(tmp_path):
+def _age(state_dir, seconds: float, used: bool) -> None:
+    """Move every stored credential `seconds` into the past (created, and last used when `used`)."""
+    auth_path = state_dir / "auth.json"
+    auth = json.loads(auth_path.read_text())
+    for cred in auth["credentials"]:
+        cred["created"] -= seconds
+        if used:
+            cred["used"] = cred["created"]
+    auth_path.write_text(json.dumps(auth))
+
+
+def test_credentials_are_bounded_and_only_stale_ones_make_room(tmp_path):
     state = AgentState(tmp_path / "s")
-    creds = [state.pair(state.new_pairing_token)[0] for _ in range(MAX_CREDENTIALS + 3)]
-    assert state.caller(creds[0]) is None and state.caller(creds[-1]) is not None
+    token = state.new_pairing_token
+    creds = [state.pair(token)[0] for _ in range(MAX_CREDENTIALS)]
+    with pytest.raises(CredentialsFull, match="reset-pairing"):  # all just paired: none may go
+        state.pair(token)
+    assert all(state.caller(c) for c in creds)  # the refusal changed nothing (each is used now)
+    # Used more recently than IN_USE_S: still in use, still refused.
+    _age(tmp_path / "s", IN_USE_S - 3600, used=True)
+    state = AgentState(tmp_path / "s")
+    with pytest.raises(CredentialsFull):
+        state.pair(token)
+    # Idle past IN_USE_S: the longest idle makes room, one per pairing.
+    _age(tmp_path / "s", 7200, used=True)
+    state = AgentState(tmp_path / "s")
+    fresh = state.pair(token)[0]
+    assert state.caller(fresh) and sum(state.caller(c) is not None for c in creds) == MAX_CREDENTIALS - 1
+
+
+def test_a_never_used_credential_makes_room_after_its_grace_and_before_any_used_one(tmp_path):
+    state = AgentState(tmp_path / "s")
+    token = state.new_pairing_token
+    creds = [state.pair(token)[0] for _ in range(MAX_CREDENTIALS)]
+    _age(tmp_path / "s", NEW_GRACE_S + 1, used=False)
+    state = AgentState(tmp_path / "s")
+    for c in creds[1:]:
+        assert state.caller(c)  # used now: in use
+    state.pair(token)
+    assert state.caller(creds[0]) is None and all(state.caller(c) for c in creds[1:])
 
 
 def test_tickets_are_scoped_and_expire(tmp_path):
