@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from orchestrator import __version__
-from orchestrator.agent import netif
+from orchestrator.agent import device_probe, netif
 from orchestrator.agent import report as node_report
 from orchestrator.agent.compute import ComputeProfiler
 from orchestrator.agent.discovery import Advertiser
@@ -61,6 +61,9 @@ class Agent:
         self.compute = ComputeProfiler(self.inventory, config.state_dir, log)  # timed layers, per model
         self.links = LinkProber(log, netif.interfaces)  # measured links to peers
         self.accelerator = node_report.detect_accelerator()  # fixed for the agent's life
+        # so is mlx's backend and its device (asked once, in a child: agent/device_probe.py)
+        self.device = device_probe.probe()
+        self.runtime = node_report.runtime(self.device)
         self.platform = node_report.platform_facts()  # so is the machine (and its id, read from disk)
         self.server: Server | None = None
         self.advertiser: Advertiser | None = None
@@ -82,7 +85,9 @@ class Agent:
         return Report(
             name=self.config.name, fingerprint=self.state.fingerprint, version=__version__,
             accelerator=self.accelerator, versions=node_report.versions(), platform=self.platform,
-            memory=node_report.memory(self.config.memory_budget, self.processes.rss()),
+            memory=node_report.memory(self.config.memory_budget, self.processes.rss(), self.device,
+                                      self.processes.pids()),
+            runtime=self.runtime,
             disk_free_bytes=shutil.disk_usage(self.inventory.root).free,
             transport_ports=node_report.free_ports(self.config.host, lo, hi),
             models=self.inventory.list(), processes=self.processes.list(), downloads=self.downloads.list(),

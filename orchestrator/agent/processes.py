@@ -328,8 +328,11 @@ class ProcessManager:
             procs = list(self._procs.values())
         return [f"{m.cluster_id}/{m.node_id}" for m in procs if m.model_id == model_id and m.alive()]
 
+    def pids(self) -> list[int]:
+        """The pids of the running engine processes."""
+        with self._lock:
+            return [m.child.pid for m in self._procs.values() if m.alive()]
+
     def rss(self) -> int:
         """Resident bytes of all running engine processes."""
-        with self._lock:
-            pids = [m.child.pid for m in self._procs.values() if m.alive()]
-        return sum(process_rss(p) for p in pids)
+        return sum(process_rss(p) for p in self.pids())

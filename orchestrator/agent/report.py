@@ -2,7 +2,8 @@
 
 Detected, never configured (the planner refuses mixed clusters on these facts), except the
 memory budget, which lets one machine model several small nodes. Nothing here imports mlx:
-versions come from package metadata, so a report stays cheap.
+versions come from package metadata, and mlx's device information from a child process run
+once at agent start (agent/device_probe.py), so a report stays cheap.
 """
 
 from __future__ import annotations
@@ -15,11 +16,24 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
 from orchestrator import __version__
-from orchestrator.agent.schemas import Accelerator, Memory, Ports
+from orchestrator.agent.device_memory import (
+    HostMemory,
+    cuda_memory,
+    host_memory,
+    metal_memory,
+    parse_compute_apps,
+    parse_meminfo,
+    parse_nvidia_smi,
+    parse_vm_stat,
+)
+from orchestrator.agent.device_probe import DeviceProbe
+from orchestrator.agent.device_schemas import Memory, Runtime
+from orchestrator.agent.schemas import Accelerator, Ports
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -83,26 +97,22 @@ def command_output(cmd: list[str]) -> str:
         return ""
 
 
-def os_memory() -> tuple[int, int]:
-    """(total, available) bytes as the OS reports them."""
+def host_figures() -> HostMemory:
+    """RAM as the OS reports it: /proc/meminfo on Linux, vm_stat on macOS (with its wired pages)."""
     if platform.system() == "Linux":
-        info: dict[str, int] = {}
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            fields = rest.split()
-            if fields:
-                info[key] = int(fields[0]) * 1024
-        return info["MemTotal"], info.get("MemAvailable", info.get("MemFree", 0))
+        return parse_meminfo(Path("/proc/meminfo").read_text())
     if platform.system() == "Darwin":
         total = int(command_output(["sysctl", "-n", "hw.memsize"]) or 0)
         page = int(command_output(["sysctl", "-n", "hw.pagesize"]) or 4096)
-        free_pages = 0
-        for line in command_output(["vm_stat"]).splitlines():
-            if line.startswith(("Pages free", "Pages inactive", "Pages speculative", "Pages purgeable")):
-                free_pages += int(line.split(":")[1].strip().rstrip("."))
-        return total, free_pages * page
+        return parse_vm_stat(command_output(["vm_stat"]), total, page)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return pages, pages
+    return HostMemory(total=pages, available=pages)
+
+
+def os_memory() -> tuple[int, int]:
+    """(total, available) bytes as the OS reports them."""
+    host = host_figures()
+    return host.total, host.available
 
 
 def process_rss(pid: int) -> int:
@@ -118,17 +128,45 @@ def process_rss(pid: int) -> int:
     return int(out) * 1024 if out.isdigit() else 0
 
 
-def memory(budget: int | None, processes_rss: int) -> Memory:
-    """The memory section of the report.
+def memory(budget: int | None, processes_rss: int, device: DeviceProbe | None = None,
+           engine_pids: Sequence[int] = ()) -> Memory:
+    """The memory section of the report: what the node's mlx backend can use (agent/device_memory.py).
 
-    free = min(OS available, budget - what our engine processes already hold): a budget
-    models a smaller node, and a stage started on it uses up its budget as it would on a
-    real one.
+    free = min(available, budget - what our engine processes already hold): a budget models a
+    smaller node, and a stage started on it uses up its budget as it would on a real one. On
+    CUDA what they hold is their GPU memory (nvidia-smi), not their resident host memory.
     """
-    total, available = os_memory()
-    free = available if budget is None else max(0, min(available, budget - processes_rss))
-    return Memory(total_bytes=total if budget is None else min(total, budget), available_bytes=available,
-                  budget_bytes=budget, processes_rss_bytes=processes_rss, free_bytes=free)
+    host = host_figures()
+    backend = device.backend if device is not None else None
+    if device is None or backend not in ("metal", "cuda"):
+        return host_memory(host, budget, processes_rss)
+    if backend == "metal":
+        return metal_memory(device.device_info, host, budget, processes_rss)
+    gpus = parse_nvidia_smi(command_output(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,memory.free",
+                                            "--format=csv,noheader,nounits"]))
+    held = parse_compute_apps(command_output(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                              "--format=csv,noheader,nounits"]), set(engine_pids)) \
+        if engine_pids else 0
+    # mlx runs on device 0 of those it sees: nvidia-smi's first row (CUDA_VISIBLE_DEVICES is not followed)
+    return cuda_memory(device.device_info, device.memory_limit, gpus[0] if gpus else None, host, budget, held)
+
+
+# The wheel that carries each mlx backend (mlx itself is the Python front end on every platform).
+BACKEND_PACKAGES = ("mlx-metal", "mlx-cuda-13", "mlx-cuda-12", "mlx-cuda", "mlx-cpu")
+
+
+def runtime(device: DeviceProbe) -> Runtime:
+    """mlx's backend (from the probe), its wheel and the mlx and mlx-lm versions (package metadata)."""
+    v = versions()
+    package = None
+    for dist in BACKEND_PACKAGES:
+        try:
+            package = f"{dist} {metadata.version(dist)}"
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    return Runtime(backend=device.backend, package=package, mlx=v["mlx"], mlx_lm=v["mlx_lm"],  # type: ignore[arg-type]
+                   device=str(device.device_info.get("device_name", "")), error=device.error)
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from orchestrator.agent.device_schemas import Memory, Runtime
 from orchestrator.agent.names import check_id, check_model_id, check_relpath
 from orchestrator.agent.perf_schemas import ComputeProfile, LinkSample, NetInterface
 from orchestrator.models.describe import ModelDescription
@@ -370,14 +371,6 @@ class Accelerator(BaseModel):
     detail: str
 
 
-class Memory(BaseModel):
-    total_bytes: int  # what the OS reports
-    available_bytes: int  # what the OS reports as available
-    budget_bytes: int | None  # --memory-budget, when set
-    processes_rss_bytes: int  # resident memory of this agent's engine processes
-    free_bytes: int  # what a plan may still use: min(available, budget - processes_rss)
-
-
 class Ports(BaseModel):
     start: int
     end: int
@@ -391,7 +384,8 @@ class Report(BaseModel):
     accelerator: Accelerator
     versions: dict[str, str | None]
     platform: dict[str, str]
-    memory: Memory
+    memory: Memory  # agent/device_schemas.py: which quantity it is (memory.kind)
+    runtime: Runtime | None = None  # mlx's backend and versions; None from agents that predate it
     disk_free_bytes: int  # on the models directory's file system
     transport_ports: Ports
     models: list[ModelInfo]
