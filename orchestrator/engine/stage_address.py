@@ -46,19 +46,26 @@ def sign(secret: bytes, body: bytes) -> str:
     return hmac.new(secret, _DOMAIN + body, hashlib.sha256).hexdigest()
 
 
+def sequence_at(at: float) -> int:
+    """The sequence of a move signed at wall time `at`: microseconds, growing with every move."""
+    return int(at * 1_000_000)
+
+
 def request_body(stage: int, address: str, at: float, seq: int | None = None) -> bytes:
     """The JSON body of a stage-address request (the control plane's side). `seq` orders the
     moves of one cluster: a coordinator takes only a move newer than the last one it took
-    (default: the signing time in microseconds, which grows with every move)."""
-    seq = int(at * 1_000_000) if seq is None else seq
+    (default: `sequence_at(at)`, the signing time in microseconds)."""
+    seq = sequence_at(at) if seq is None else seq
     return json.dumps({"stage": stage, "address": address, "at": at, "seq": seq}, separators=(",", ":")).encode()
 
 
 def verify(secret: bytes, body: bytes, signature: str | None, now: float, stages: int,
-           last_seq: int = -1) -> tuple[int, tuple[str, int], int]:
+           last_seq: int = -1, started_seq: int = -1) -> tuple[int, tuple[str, int], int]:
     """The (stage index, (host, port), sequence) of a signed request; RouteError when it must
-    be refused (pure): a bad signature, too old, or not newer than `last_seq` — a replayed
-    move, even a fresh one, can never undo a later move."""
+    be refused (pure): a bad signature, too old, not newer than `last_seq` — a replayed move,
+    even a fresh one, can never undo a later move — or signed before `started_seq`, the
+    coordinator's start: a replacement coordinator has taken no move yet, and without this it
+    would take any move captured under two minutes before it started."""
     if not signature or not hmac.compare_digest(sign(secret, body), signature.strip().lower()):
         raise RouteError("bad or missing signature", 403)
     try:
@@ -69,6 +76,9 @@ def verify(secret: bytes, body: bytes, signature: str | None, now: float, stages
         raise RouteError(f"bad stage-address request: {exc}") from None
     if abs(now - at) > MAX_SKEW_S:
         raise RouteError(f"stage-address request too old or from the future ({now - at:.0f} s)", 403)
+    if seq <= started_seq:
+        raise RouteError(f"stage-address request {seq} was signed before this coordinator started "
+                         f"({started_seq}): a replay", 409)
     if seq <= last_seq:
         raise RouteError(f"stage-address request {seq} is not newer than the last one taken ({last_seq}): "
                          "a replay", 409)
@@ -103,4 +113,4 @@ def next_address(frame: Frame, index: int) -> tuple[str, int] | None:
 
 
 __all__ = ["MAX_SKEW_S", "ROUTE_PATH", "SIGNATURE_HEADER", "RouteError", "format_address", "next_address",
-           "request_body", "route_frame", "sign", "verify"]
+           "request_body", "route_frame", "sequence_at", "sign", "verify"]

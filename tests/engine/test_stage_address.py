@@ -87,3 +87,12 @@ def test_each_stage_reads_its_next_stage_from_a_route_frame() -> None:
 def test_a_malformed_route_frame_is_refused(payload: object, index: int) -> None:
     with pytest.raises(FrameError):
         next_address(json_frame(Kind.ROUTE, payload), index)
+
+
+def test_a_move_signed_before_the_coordinator_started_is_refused() -> None:
+    """Issue 39, item 3: a replacement coordinator has taken no move; its start is the floor."""
+    body, signature = signed(at=NOW)
+    with pytest.raises(RouteError) as refused:
+        verify(SECRET, body, signature, NOW + 5, stages=2, started_seq=int((NOW + 1) * 1_000_000))
+    assert refused.value.status == 409 and "before this coordinator started" in str(refused.value)
+    assert verify(SECRET, body, signature, NOW + 5, stages=2, started_seq=int((NOW - 1) * 1_000_000))[0] == 1

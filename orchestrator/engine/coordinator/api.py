@@ -27,7 +27,14 @@ from orchestrator.engine.coordinator.pipeline import GenerationParams, Pipeline
 from orchestrator.engine.coordinator.prefix_index import system_prompt_end
 from orchestrator.engine.coordinator.prepare import BadRequest, grammar_of, render_chat, sampling
 from orchestrator.engine.stage.constraint import Constraints
-from orchestrator.engine.stage_address import ROUTE_PATH, SIGNATURE_HEADER, RouteError, format_address, verify
+from orchestrator.engine.stage_address import (
+    ROUTE_PATH,
+    SIGNATURE_HEADER,
+    RouteError,
+    format_address,
+    sequence_at,
+    verify,
+)
 from orchestrator.httpkit import App, OpenAIError, Raw, Request, route
 from orchestrator.logs import EventLogger
 
@@ -51,6 +58,9 @@ class Coordinator:
         self.secret = secret  # the cluster secret: signs the control plane's stage-address requests
         self._moves = threading.Lock()
         self._last_move = -1  # the sequence of the last stage-address move taken (routes.verify)
+        # A move signed before this process started is a replay: a replacement takes none of its
+        # predecessor's (issue 39). Both clocks are the LAN's, as MAX_SKEW_S already assumes.
+        self._started_move = sequence_at(time.time())
         # Read once: the tokenizer builds its whole vocabulary dict to answer (40 ms for SmolLM2's
         # 49k tokens, more for the 150k of larger families), which every request once paid.
         self._vocab_size = len(tokenizer.vocab) if hasattr(tokenizer, "vocab") else 1 << 31
@@ -63,7 +73,8 @@ class Coordinator:
             try:
                 stage, address, self._last_move = verify(self.secret, request.body_bytes(),
                                                          request.header(SIGNATURE_HEADER), time.time(),
-                                                         len(self.pipeline.links), self._last_move)
+                                                         len(self.pipeline.links), self._last_move,
+                                                         self._started_move)
             except RouteError as exc:
                 self.log.warning("route.refused", reason=exc)
                 raise OpenAIError(exc.status, str(exc), code="route_refused") from None
