@@ -11,7 +11,8 @@ from orchestrator.planner.result import Issue, RefusalCode
 
 
 def check_nodes(nodes: Sequence[NodeFacts]) -> list[Issue]:
-    """Too few nodes, a node selected twice, mixed accelerator families or engine versions."""
+    """Too few nodes, a node selected twice, mixed accelerator families, mlx backends or engine versions
+    (the homogeneous-cluster rule: all Apple Silicon or all Linux CUDA, one runtime)."""
     issues: list[Issue] = []
     if len(nodes) < 2:
         issues.append(Issue(code=RefusalCode.TOO_FEW_NODES,
@@ -25,6 +26,11 @@ def check_nodes(nodes: Sequence[NodeFacts]) -> list[Issue]:
     issues += _odd_ones(nodes, "accelerator", RefusalCode.MIXED_ACCELERATORS,
                         "node {node} has accelerator {value}, the other nodes {ref}: "
                         "a cluster's nodes must share one accelerator family")
+    # an agent that does not report its runtime is compared by engine version alone
+    issues += _odd_ones([n for n in nodes if n.backend], "backend", RefusalCode.MIXED_BACKENDS,
+                        "node {node} runs mlx's {value} backend, the other nodes {ref}: a cluster's nodes must run "
+                        "one mlx backend (one accelerator family, the same backend wheel), since every stage must "
+                        "compute the same bits")
     issues += _odd_ones(nodes, "engine_version", RefusalCode.MIXED_ENGINE_VERSIONS,
                         "node {node} runs {value}, the other nodes {ref}: "
                         "a cluster's nodes must run the same engine version")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from orchestrator.models.describe import ModelDescription
 from orchestrator.planner.balance import Split, balanced_split, fullest_split
 from orchestrator.planner.checks import check_model, check_nodes, check_split
-from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.facts import NodeFacts, free_words
 from orchestrator.planner.memory import StageCosts, plan_wire_bytes, prompt_cache_budget
 from orchestrator.planner.placement import best_order, plan_performance, timed_split, timings_for
 from orchestrator.planner.plan_settings import PlanSettings
@@ -102,7 +102,7 @@ def build_stages(costs: StageCosts, nodes: Sequence[NodeFacts], split: Split,
             stage=k, node_id=node.id, node_name=node.name, host=node.host, first_layer=first, last_layer=last,
             holds_embedding=costs.holds_embedding(start, end), holds_head=end == costs.num_layers,
             runs_coordinator=k == 0, weight_bytes=weights, kv_cache_bytes=kv, overhead_bytes=overhead,
-            total_bytes=total, free_bytes=node.free_bytes,
+            total_bytes=total, free_bytes=node.free_bytes, memory_kind=node.memory_kind,
             fit_fraction=total / node.free_bytes if node.free_bytes else float("inf"),
             token_bytes=costs.token_bytes(start, end),
             prompt_cache_bytes=prompt_cache_budget(node.free_bytes, total),
@@ -121,12 +121,13 @@ def memory_reasons(costs: StageCosts, nodes: Sequence[NodeFacts], stages: Sequen
         return [Issue(code=RefusalCode.MODEL_TOO_LARGE, missing_bytes=need - have,
                       message=f"model {model_name} does not fit even across all {len(nodes)} selected nodes: it "
                               f"needs {format_bytes(need)} (weights, KV cache for {s.max_concurrent_sequences} x "
-                              f"{s.context_length} tokens, process overhead), they have {format_bytes(have)} free; "
+                              f"{s.context_length} tokens, process overhead), they have {format_bytes(have)}"
+                              f"{free_words(nodes[0].memory_kind)}; "
                               f"{format_bytes(need - have)} ({need - have} bytes) missing")]
     label = {n.id: n.label for n in nodes}
     return [Issue(code=RefusalCode.STAGE_DOES_NOT_FIT, node_id=st.node_id, missing_bytes=st.total_bytes - st.free_bytes,
                   message=f"stage {st.stage} (layers {st.layers}) needs {format_bytes(st.total_bytes)} on node "
-                          f"{label[st.node_id]}, which has {format_bytes(st.free_bytes)} free; "
+                          f"{label[st.node_id]}, which has {format_bytes(st.free_bytes)}{free_words(st.memory_kind)}; "
                           f"{format_bytes(st.total_bytes - st.free_bytes)} ({st.total_bytes - st.free_bytes} bytes) "
                           "missing")
             for st in stages if not st.fits]

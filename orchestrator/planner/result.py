@@ -21,6 +21,7 @@ class RefusalCode(StrEnum):
     UNSUPPORTED_MODEL = "unsupported_model"  # the engine cannot serve it exactly (engine/support.py)
     MIXED_ACCELERATORS = "mixed_accelerators"
     MIXED_ENGINE_VERSIONS = "mixed_engine_versions"
+    MIXED_BACKENDS = "mixed_backends"  # mlx's metal / cuda / cpu backend, or its wheel, differ
     TOO_MANY_NODES = "too_many_nodes"  # more nodes than layers: a stage would be empty
     INVALID_SPLIT = "invalid_split"
     MODEL_TOO_LARGE = "model_too_large"  # not even the sum of all free memory suffices
@@ -68,6 +69,7 @@ class StagePlan(BaseModel):
     overhead_bytes: int  # the stage process, plus the coordinator process on its node
     total_bytes: int
     free_bytes: int
+    memory_kind: str = "host"  # which quantity free_bytes is (NodeFacts.memory_kind)
     fit_fraction: float  # total / free; above 1.0 it does not fit
     token_bytes: int  # weight bytes read per generated token (what the balance evens out)
     prompt_cache_bytes: int = 0  # the prompt-cache budget this stage's headroom allows (planner.memory)

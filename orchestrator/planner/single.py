@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.models.describe import ModelDescription
-from orchestrator.planner.facts import NodeFacts
+from orchestrator.planner.facts import NodeFacts, free_words
 from orchestrator.planner.memory import StageCosts
 from orchestrator.planner.plan_settings import PlanSettings
 from orchestrator.units import format_bytes
@@ -51,7 +51,7 @@ def single_node_fit(model: ModelDescription, node: NodeFacts, settings: PlanSett
         reason = (f"model {model_name or model.name} needs {format_bytes(total)} on node {node.name} (weights "
                   f"{format_bytes(weights)}, KV cache {format_bytes(kv)} for {settings.max_concurrent_sequences} x "
                   f"{settings.context_length} tokens, process overhead {format_bytes(overhead)}), which has "
-                  f"{format_bytes(node.free_bytes)} free; {format_bytes(short)} missing: lower the context length "
-                  "or the concurrent requests, or serve it as a cluster across nodes")
+                  f"{format_bytes(node.free_bytes)}{free_words(node.memory_kind)}; {format_bytes(short)} missing: "
+                  "lower the context length or the concurrent requests, or serve it as a cluster across nodes")
     return SingleFit(weight_bytes=weights, kv_cache_bytes=kv, overhead_bytes=overhead, free_bytes=node.free_bytes,
                      reason=reason)

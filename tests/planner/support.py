@@ -51,10 +51,11 @@ PORTS = tuple(range(39600, 39630))
 
 
 def node(i: int, free: int = 8 * GB, *, accelerator: str = "linux-cpu", version: str = "pipeserve 0.1.0, mlx 0.32.4",
-         ports: tuple[int, ...] = PORTS, host: str | None = None, name: str | None = None) -> NodeFacts:
+         ports: tuple[int, ...] = PORTS, host: str | None = None, name: str | None = None,
+         backend: str = "") -> NodeFacts:
     """Node `n{i}` named `node{i}` (or `name`)."""
     return NodeFacts(id=f"n{i}", name=name or f"node{i}", accelerator=accelerator, engine_version=version,
-                     free_bytes=free, free_ports=ports, host=host)
+                     free_bytes=free, free_ports=ports, host=host, backend=backend)
 
 
 def nodes(*free: int, **kw: object) -> list[NodeFacts]:
