@@ -6,9 +6,12 @@ import hashlib
 import json
 from typing import Any
 
+from orchestrator.agent.device_schemas import MEMORY_WORDS
+from orchestrator.agent.schemas import Report
 from orchestrator.control.commands import CommandRefused
 from orchestrator.control.selection import Selection, hub_conflict, launch_blocker, preparation_label
 from orchestrator.control.state import NodePreparation, Session, State
+from orchestrator.planner.facts import node_facts_from_report
 from webapp.views.charts import throughput_chart
 from webapp.views.context import ViewContext
 from webapp.views.format import percent, rate, size, unsupported_text
@@ -19,16 +22,46 @@ PREPARE_LABELS = {"checking": "Checking", "present": "Verified", "needs_download
                   "mismatch": "Mismatch", "downloading": "Downloading", "failed": "Failed"}
 
 
-def _support(node, ctx_family: str | None) -> str:
-    """"Supported" or "Unsupported: <reason>" for one node."""
+def _support(node, common: tuple[str, str, str] | None) -> str:
+    """"Supported" or "Unsupported: <reason>" for one node: unreachable, no mlx, or a runtime other than
+    most nodes' (the homogeneous-cluster rule the planner refuses by: one accelerator family, one mlx
+    backend and wheel, one engine version)."""
     if node.status != "reachable" or node.report is None:
         return f"Unsupported: unreachable ({node.error or 'no report yet'})"
     r = node.report
     if not r.versions.get("mlx"):
         return "Unsupported: mlx is not installed on this node"
-    if ctx_family and r.accelerator.family != ctx_family:
-        return f"Unsupported: {r.accelerator.family} differs from {ctx_family}"
+    if r.runtime is not None and r.runtime.backend is None:
+        return f"Unsupported: mlx does not load on this node ({r.runtime.error or 'no backend'})"
+    if common is None:
+        return "Supported"
+    family, backend, version = _runtime(r)
+    if family != common[0]:
+        return f"Unsupported: {family} differs from {common[0]}"
+    if backend and common[1] and backend != common[1]:
+        return f"Unsupported: mlx backend {backend} differs from {common[1]}"
+    if version != common[2]:
+        return f"Unsupported: {version} differs from {common[2]}"
     return "Supported"
+
+
+def _runtime(r: Report) -> tuple[str, str, str]:
+    """A node's accelerator family, mlx backend and engine version, as the planner compares them."""
+    facts = node_facts_from_report(r)
+    return facts.accelerator, facts.backend, facts.engine_version
+
+
+def _common_runtime(reports: list[Report]) -> tuple[str, str, str] | None:
+    """The most common family, backend (of the nodes that report one) and engine version: what the badge
+    holds each node to (a tie: the first node's, as the planner's rule)."""
+    if not reports:
+        return None
+    keys = [_runtime(r) for r in reports]
+
+    def most(values: list[str]) -> str:
+        return max(values, key=values.count) if values else ""
+
+    return most([k[0] for k in keys]), most([k[1] for k in keys if k[1]]), most([k[2] for k in keys])
 
 
 def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -39,10 +72,12 @@ def form_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             entry = models.setdefault(m.id, {"id": m.id, "supported": m.supported, "reason": unsupported_text(m),
                                              "size": size(m.total_bytes), "layers": m.num_layers, "holders": []})
             entry["holders"].append(n.name)
-    families = [n.report.accelerator.family for n in state.nodes if n.report]
-    common = max(set(families), key=families.count) if families else None
+    common = _common_runtime([n.report for n in state.nodes if n.report and n.status == "reachable"])
     nodes = [{"id": n.id, "name": n.name, "support": _support(n, common),
-              "free_memory": size(n.report.memory.free_bytes) if n.report else "–"} for n in state.nodes]
+              "free_memory": size(n.report.memory.free_bytes) if n.report else "–",
+              # which memory that is: "memory" (the OS's), "GPU memory" (CUDA), "GPU working-set memory" (Metal)
+              "memory_words": MEMORY_WORDS.get(n.report.memory.kind, "memory") if n.report else "memory"}
+             for n in state.nodes]
     chosen_model, chosen_nodes, context = _current_choice(state)
     offered = sorted(models.values(), key=lambda m: m["id"])
     return {"enabled": state.settings.distributed_enabled, "models": offered,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.agent.device_schemas import MEMORY_WORDS
 from orchestrator.control.state import State
 from orchestrator.control.transitions import serving_node_ids
 from webapp.views.context import ViewContext
@@ -21,8 +22,11 @@ def nodes_view(state: State, ctx: ViewContext) -> dict[str, Any]:
         r = n.report
         rows.append({
             "id": n.id, "name": n.name, "url": n.url, "status": n.status, "error": n.error,
-            "accelerator": r.accelerator.family if r else "–",
+            # the family, and mlx's backend where the agent reports it (the homogeneous-cluster rule compares both)
+            "accelerator": (r.accelerator.family + (f" · mlx {r.runtime.backend or 'does not load'}" if r.runtime
+                                                    else "")) if r else "–",
             "free_memory": size(r.memory.free_bytes) if r else "–",
+            "memory_words": MEMORY_WORDS.get(r.memory.kind, "memory") if r else "memory",
             "models": [{"id": m.id, "supported": m.supported, "reason": unsupported_text(m)} for m in r.models]
                       if r else [],
             "version": r.version if r else "–",

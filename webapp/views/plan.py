@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.agent.device_schemas import MEMORY_WORDS
 from orchestrator.control.perf import holds, missing
 from orchestrator.control.selection import plan_label
 from orchestrator.control.state import State
 from orchestrator.planner import Plan
+from orchestrator.planner.facts import free_words
 from orchestrator.planner.timing_doubt import profile_doubt
 from orchestrator.planner.transport import TransportPlan
 from webapp.views.context import ViewContext
@@ -19,13 +21,14 @@ PARTS = (("weights", "weight_bytes", "weights"), ("kv", "kv_cache_bytes", "KV ca
          ("overhead", "overhead_bytes", "overhead"), ("cache", "prompt_cache_bytes", "prompt cache"))
 
 
-def fit_bar(weights: int, kv: int, overhead: int, free: int, cache: int = 0) -> dict[str, Any]:
+def fit_bar(weights: int, kv: int, overhead: int, free: int, cache: int = 0, kind: str = "host") -> dict[str, Any]:
     """A memory-fit bar: weights, KV cache and overhead against the node's free memory, and the
     prompt-cache budget (sized from the headroom, so it never decides the fit) when there is one.
 
     The bar spans the larger of what the stage needs and what the node has free, so a stage
     that does not fit shows how far it overshoots the free-memory mark. Percentages are of
-    that span; `used_percent` is the need as a share of the free memory.
+    that span; `used_percent` is the need as a share of the free memory. `kind` is which memory
+    the node reported (agent/device_schemas.py): the bar says "GPU memory free" on a GPU node.
     """
     total = weights + kv + overhead
     span = max(total + cache, free, 1)
@@ -36,7 +39,8 @@ def fit_bar(weights: int, kv: int, overhead: int, free: int, cache: int = 0) -> 
     fits = total <= free
     return {"segments": segments, "free_percent": round(100 * free / span, 2), "fits": fits,
             "total": size(total), "free": size(free), "used_percent": round(100 * total / free) if free else None,
-            "headroom": size(free - total) if fits else None, "short": None if fits else size(total - free)}
+            "headroom": size(free - total) if fits else None, "short": None if fits else size(total - free),
+            "memory_words": MEMORY_WORDS.get(kind, kind), "free_what": free_words(kind).replace(" of ", " ").strip()}
 
 
 def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
@@ -59,7 +63,8 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
             "layer_count": count, "map_percent": round(100 * count / layers_total, 2) if layers_total else 0,
             "coordinator": s.runs_coordinator, "port": s.transport_port,
             "draft": draft_text if s.runs_coordinator else "",
-            "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes, s.prompt_cache_bytes),
+            "bar": fit_bar(s.weight_bytes, s.kv_cache_bytes, s.overhead_bytes, s.free_bytes, s.prompt_cache_bytes,
+                           s.memory_kind),
         })
     plan = result if isinstance(result, Plan) else None
     issues = plan.warnings if plan is not None else result.reasons
