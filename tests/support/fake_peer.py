@@ -144,3 +144,17 @@ def redirect(location: str) -> Behaviour:
 def status(code: int, body: bytes) -> Behaviour:
     """An error answer with an arbitrary body."""
     return lambda h: h.reply(code, body, {"Content-Type": "text/html"})
+
+
+def short_whole(body: bytes, keep: int) -> Behaviour:
+    """A peer that answers every GET, a resume's `Range` included, with `200` and the whole file's
+    length, sends only its first `keep` bytes and hangs up: each resume restarts the file."""
+
+    def run(h: FakePeerHandler) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.send(body[:keep])
+        h.close_connection = True
+
+    return run

@@ -139,6 +139,10 @@ class _Stale(Exception):
     """The file was thrown away while one of its ranges was being fetched."""
 
 
+class _Restart(_Stale):
+    """The peer answered a resume with the whole file (200): the file starts over."""
+
+
 def _receiver(c: Copy, peer: Peer) -> None:
     """Take work items until none is left; a fatal error stops the whole copy."""
     conn: http.client.HTTPConnection | None = None
@@ -163,6 +167,20 @@ def _receiver(c: Copy, peer: Peer) -> None:
                     _fetch_range(c, conn, peer, p, i, generation)
                 else:
                     _fetch_block(c, conn, peer, p, i, generation)
+            except _Restart:
+                conn.close()
+                conn = None
+                # A restart counts against the file's budget like a network failure, and carries the
+                # count into the new try: else a peer answering every resume with a short 200 keeps
+                # the copy running forever (a restart once reset the count to 0).
+                failures += 1
+                if failures > NETWORK_RETRIES:
+                    c.fail(DownloadError(
+                        f"peer {peer.host}:{peer.port} answered {failures} resumes of {p.rel} with the whole "
+                        "file (200, not the byte range asked for) and never sent it whole", "peer_error", [p.rel]))
+                    return
+                c.log.warning("download.restart", file=p.rel, host=f"{peer.host}:{peer.port}", attempt=failures)
+                c.restart(p, failures)
             except _Stale:
                 conn.close()
                 conn = None
@@ -267,8 +285,7 @@ def _get(c: Copy, conn: http.client.HTTPConnection, peer: Peer, p: Part, offset:
     elif r.status == 200 and whole:
         pass
     elif r.status == 200 and restartable:
-        c.restart(p)  # the peer ignored the range of a resume: the file starts over
-        raise _Stale
+        raise _Restart  # the peer ignored the range of a resume: the receiver starts the file over
     else:
         raise status_error(r.status, p.rel)
     declared = r.getheader("Content-Length")

@@ -9,7 +9,8 @@ control plane, and whatever answers at that address may be anything. So:
   redirect is an error;
 - nothing of a foreign answer's body reaches the job's error or the log: an error names the
   HTTP status with a fixed message;
-- a `.part` file is resumed with `Range` after a network error; a file whose sha256
+- a `.part` file is resumed with `Range` after a network error (a resume answered with the
+  whole file restarts the file; both spend one budget of NETWORK_RETRIES per file); a file whose sha256
   differs is fetched again once from scratch (a file with per-block digests: only the
   block that differs), then the job fails as a mismatch naming the file (and the block
   and the peer).

@@ -171,8 +171,9 @@ class Copy:
     def over(self) -> bool:
         return self.error is not None or self.done or self.job.cancel.is_set()
 
-    def restart(self, p: Part) -> None:
-        """Throw a part away and queue it again from its first byte (the hashers start over too)."""
+    def restart(self, p: Part, failures: int = 0) -> None:
+        """Throw a part away and queue it again from its first byte (the hashers start over too);
+        its new work items carry `failures`, the file's budget spent so far."""
         with self.cond:
             p.generation += 1
             p.part.unlink(missing_ok=True)
@@ -183,6 +184,6 @@ class Copy:
             if p.blocks is not None:
                 p.reset_blocks()
             for i in range(len(p.ranges)):
-                self.work.put(("range", p, i, p.generation, 0))
+                self.work.put(("range", p, i, p.generation, failures))
             self.cond.notify_all()
             self.arrived.notify_all()

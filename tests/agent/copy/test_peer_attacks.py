@@ -17,7 +17,7 @@ import requests
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import FileEntry, Manifest
 from orchestrator.proc import wait_until
-from tests.support.fake_peer import FakePeer, flood, redirect, serve, status, trickle
+from tests.support.fake_peer import FakePeer, flood, redirect, serve, short_whole, status, trickle
 
 MODEL = "tm"
 CONTENT = b"0123456789"  # the manifest's 10-byte file
@@ -159,3 +159,19 @@ def test_a_restart_does_not_grant_a_mismatched_file_another_refetch(spawn_agent,
     assert failed.state == "failed" and failed.error_code == "mismatch", failed
     assert len(served) == 3, served
     assert not (b.models_dir / ".partial" / MODEL).exists()  # the record went with the partial files
+
+
+def test_a_peer_answering_every_resume_with_a_short_200_fails_the_copy(spawn_agent, peer):
+    """Issue 39, item 4: a peer that answers a resume's Range with 200 (the whole file) restarted the
+    file and reset its failure count, and then broke off again: 230+ GETs in 60 s, the job still
+    running. Failures and restarts now share one budget per file: the copy fails, saying why."""
+    from orchestrator.agent.copy.peer import NETWORK_RETRIES
+
+    b = spawn_agent("b")
+    peer.behaviours[FILE_PATH] = short_whole(CONTENT, keep=4)
+    fetch(b, peer.url)
+    failed = b.client.wait_download(MODEL, timeout=120)
+    assert failed.state == "failed" and failed.error_code == "peer_error", failed
+    assert "config.json" in failed.error and "whole file" in failed.error, failed.error
+    assert len(peer.paths()) <= 2 * (NETWORK_RETRIES + 1), peer.paths()  # each try: a fetch and a resume
+    assert not (b.models_dir / MODEL).exists()
