@@ -77,6 +77,9 @@ class NodeSpec(BaseModel):
     role: Literal["hybrid", "coordinator", "pipeline_stage"]
     stage: int | None = Field(default=None, ge=0)
     layers: str | None = None
+    # A stage's share of its node's accelerator memory (weights, KV cache, prompt cache, overhead), as the
+    # plan counted it: the stage sets mlx's memory (and Metal's wired) limit to it (stage/memory_share.py).
+    memory_bytes: int | None = Field(default=None, ge=1)
 
     @field_validator("address")
     @classmethod

@@ -45,11 +45,14 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
         "address": engine_address(host_of(coordinator.node_id, coordinator.host), coordinator.transport_port),
         "role": "hybrid",
     }]
+    prompt_cache = min(s.prompt_cache_bytes for s in plan.stages)
     for s in plan.stages:
         if s.transport_port is None:
             raise ValueError(f"stage {s.stage} has no transport port")
+        # the stage's own share: the coordinator's overhead on stage 0's node is another process's
+        share = s.weight_bytes + s.kv_cache_bytes + prompt_cache + plan.settings.stage_overhead_bytes
         nodes.append({"id": f"stage-{s.stage}", "address": engine_address(host_of(s.node_id, s.host), s.transport_port),
-                      "role": "pipeline_stage", "stage": s.stage, "layers": s.layers})
+                      "role": "pipeline_stage", "stage": s.stage, "layers": s.layers, "memory_bytes": share})
     table: dict[str, object] = {
         "name": cluster_name,
         "pipeline_parallel_size": len(plan.stages),
@@ -58,7 +61,7 @@ def plan_to_cluster_config(plan: Plan, cluster_name: str, *, hosts: Mapping[str,
         "context_length": plan.settings.context_length,
         "max_requests": plan.settings.max_concurrent_sequences,
         # one budget for every stage (the engine's setting): what the tightest stage can spare
-        "prompt_cache_bytes": min(s.prompt_cache_bytes for s in plan.stages),
+        "prompt_cache_bytes": prompt_cache,
         "speculative_tokens": plan.settings.speculative_tokens,
         **({"draft_model": plan.settings.draft_model} if plan.settings.draft_model else {}),
         **cluster,

@@ -81,3 +81,14 @@ def test_speculation_goes_into_the_cluster_table() -> None:
     assert "speculative_tokens = 4" in plan_to_cluster_toml(make_plan(speculative_tokens=4), "c")
     with pytest.raises(ValueError):
         PlanSettings(speculative_tokens=17)  # the engine's own bound
+
+
+def test_each_stage_gets_its_share_of_memory_as_the_plan_counted_it() -> None:
+    """Weights, KV cache, the prompt-cache budget and the stage's own overhead (the coordinator's is its own
+    process's): what the stage sets as mlx's limit (engine/stage/memory_share.py)."""
+    plan = make_plan(2, context_length=2048, max_concurrent_sequences=2)
+    config = plan_to_cluster_config(plan, "shares")
+    cache = config.cluster.prompt_cache_bytes
+    assert [s.memory_bytes for s in config.stages] == [
+        s.weight_bytes + s.kv_cache_bytes + cache + plan.settings.stage_overhead_bytes for s in plan.stages]
+    assert config.node("coordinator").memory_bytes is None

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     which_blas = blas.preload(args.threads, args.solo_threads)  # before mlx is imported
     lean = import_model_code_only()  # before shard: a stage never tokenizes (a second of start-up)
     from orchestrator.engine import transport
+    from orchestrator.engine.stage import memory_share
     from orchestrator.engine.stage.shard import ShardError, StageModel
     from orchestrator.engine.stage.stage import Stage
 
@@ -56,13 +57,24 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         log.error("transport.bind_failed", address=node.address, reason=exc)
         return 3
+    try:  # the plan's share of the node's accelerator memory: fail now, not paging later
+        limits = memory_share.apply(node.memory_bytes) if node.memory_bytes else None
+    except memory_share.MemoryShareError as exc:
+        log.error("memory.share_refused", reason=exc)
+        return 5
     try:
         model = StageModel(args.model, start, end)
         if model.info.num_layers != config.num_layers:
             raise ShardError(f"the model has {model.info.num_layers} layers, the config covers {config.num_layers}")
+        if limits is not None:
+            log.info("memory.limit_set", backend=limits.backend, memory_limit=limits.memory, wired_limit=limits.wired,
+                     loaded=memory_share.check_loaded(limits.memory))
     except ShardError as exc:
         log.error("model.invalid", reason=exc)
         return 4
+    except memory_share.MemoryShareError as exc:
+        log.error("memory.share_refused", reason=exc)
+        return 5
     listener.listen(16)  # only now does the port accept: "listening" means ready
     stage = Stage(config, node, model, secret, listener, log, which_blas,
                   threads=(args.threads or 0, args.solo_threads or 0) if which_blas == "openblas" else (0, 0))
