@@ -29,30 +29,21 @@ from typing import Any
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache
 
+from orchestrator.engine.model_digest import weights_digest
 from orchestrator.engine.stage.stand_ins import advance_skipped
 from orchestrator.logs import EventLogger
 
 FORMAT = "pipeserve-prompt-cache-1"
 FOLDER = ".prompt-cache"
-_SAMPLE = 1 << 20  # bytes of each weight file's start and end that go into the model hash
+DIGESTS = "weights-sha256.json"  # under FOLDER: each weight file's sha256, kept while its stat is unchanged
 
 
-def model_hash(model_dir: Path) -> str:
-    """A hash naming the model: config.json, and each weight file's name, size, safetensors
-    header and first and last MiB (cheap at every start; two fine-tunes of one architecture
-    differ there, their headers alone would not)."""
-    h = hashlib.sha256()
-    model_dir = Path(model_dir)
-    h.update((model_dir / "config.json").read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")):
-        size = f.stat().st_size
-        h.update(f"{f.name}\0{size}\0".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(_SAMPLE))
-            if size > 2 * _SAMPLE:
-                fh.seek(size - _SAMPLE)
-                h.update(fh.read(_SAMPLE))
-    return h.hexdigest()[:32]
+def model_hash(model_dir: Path, digests: Path | None = None) -> str:
+    """The folder naming a model's entries: a digest over every byte of its config and weight
+    files (`engine/model_digest.py`; `digests` keeps each file's sha256 between starts). Its
+    first and last MiB were once enough for a key, until two models differing only mid-file
+    shared entries: one's KV adopted by the other, a wrong answer."""
+    return weights_digest(model_dir, digests)
 
 
 def token_key(tokens: list[int] | tuple[int, ...]) -> str:
@@ -107,7 +98,7 @@ class DiskTier:
 
     def __init__(self, models_dir: Path, model_dir: Path, layers: tuple[int, int], budget_bytes: int,
                  make_cache: Callable[[], list[Any]], log: EventLogger) -> None:
-        self.model = model_hash(model_dir)
+        self.model = model_hash(model_dir, Path(models_dir) / FOLDER / DIGESTS)
         self.layers = layers
         self.budget = budget_bytes
         self.make_cache = make_cache
