@@ -9,10 +9,14 @@ DEMO_DIR ?= .demo
 
 setup: $(STAMP) system
 
+# mlx's backend on Linux: cpu, or cuda on an NVIDIA machine (`make setup MLX_BACKEND=cuda` in a fresh
+# checkout; README). Exactly one: the two wheels install the same files. macOS ignores it (Metal).
+MLX_BACKEND ?= cpu
+
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[fast,test]"
+	$(BIN)/pip install -q -e ".[$(MLX_BACKEND),fast,test]"
 	touch $@
 
 # System packages: Chromium for the browser tests, libgfortran5 for the wheel's OpenBLAS, and
@@ -20,7 +24,9 @@ $(STAMP): pyproject.toml
 # Installed only when running as root and missing; otherwise say what is needed.
 SYSTEM_PACKAGES = chromium libgfortran5 libopenblas0-pthread
 system:
-	@if [ -x /usr/bin/chromium ] && ldconfig -p | grep -q 'libgfortran.so.5 ' \
+	@if [ "$$(uname)" = Darwin ]; then \
+		echo "macOS: no system packages (mlx runs on Metal; no OpenBLAS, no libgfortran); the browser tests need Playwright's Chromium: $(BIN)/playwright install chromium"; \
+	elif [ -x /usr/bin/chromium ] && ldconfig -p | grep -q 'libgfortran.so.5 ' \
 		&& ldconfig -p | grep -q 'libopenblas.so.0 '; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 		echo "installing Debian packages: $(SYSTEM_PACKAGES)"; \
