@@ -220,7 +220,8 @@ def test_a_wedged_stage_fails_requests_and_is_named_with_its_progress(test_model
     stage1 = next(s for s in h["stages"] if s["id"] == "stage-1")
     assert h["status"] == "unhealthy" and "wedged" in h["reason"], h
     assert stage1["state"] == "wedged" and "inside one step" in stage1["fault"], stage1
-    assert stage1["progress"]["busy_s"] > 2 and stage1["progress"]["request"] is not None, stage1
+    # busy_s is the last PONG's, read a moment before the verdict
+    assert stage1["progress"]["busy_s"] > 1 and stage1["progress"]["request"] is not None, stage1
     assert next(s for s in h["stages"] if s["id"] == "stage-0")["state"] == "up"
     r = requests.post(cluster.base_url + "/v1/completions", json=body, timeout=10)
     assert r.status_code == 503 and r.headers.get("Retry-After"), r.headers

@@ -56,7 +56,7 @@ class Liveness:
     _active: dict[int, "_Active"]
     _last_seen: dict[int, float]
     _stats: dict[int, dict]
-    _wedged: dict[int, str]  # stage index -> why; cleared when its connection goes
+    _wedged: dict[int, str]  # stage index -> why; cleared when it moves again or its connection goes
     _state: str
     _reason: str
     _last_tick: float
@@ -109,10 +109,15 @@ class Liveness:
         """Wedge detection (see `watchdog`): a stuck stage, an overdue canary; an idle pipeline
         sends a canary now and then, so a stage that wedged while idle is found before a request is."""
         for link in self.links:
-            if link.conn is not None and link.index not in self._wedged:
-                why = self.watchdog.wedged(link.index, t)
-                if why:
-                    self._wedge(link.index, why)
+            if link.conn is None:
+                continue
+            if link.index in self._wedged:
+                if self.watchdog.recovered(link.index):
+                    self._unwedge(link.index)
+                continue
+            why = self.watchdog.wedged(link.index, t)
+            if why:
+                self._wedge(link.index, why)
         overdue = self.watchdog.canary_overdue(t)
         if overdue is not None:
             self._wedge(*overdue)
@@ -127,7 +132,7 @@ class Liveness:
 
     def _wedge(self, index: int, why: str) -> None:
         """Declare a stage wedged: its link stays (pings still answer) but nothing is sent through it
-        until its connection goes (the control plane replaces the process)."""
+        until it moves again (`_unwedge`) or its connection goes (the control plane replaces the process)."""
         self._wedged[index] = why
         self.watchdog.canary_returned()
         message = f"pipeline stage {self.links[index].label} wedged: {why}"
@@ -135,6 +140,15 @@ class Liveness:
                          failed_requests=len(self._active))
         self._fail_all(message)
         self._set_state("unhealthy", message)
+
+    def _unwedge(self, index: int) -> None:
+        """A stage judged wedged computes again (it was slow, or stuck for a while): drop the stale
+        requests it still holds (a RESET down the chain) and probe; the pipeline serves again on its own."""
+        why = self._wedged.pop(index)
+        self.log.info("stage.recovered", stage=self.links[index].node_id, was=why)
+        if not self._wedged and all(ln.conn is not None for ln in self.links):
+            self._send(0, [Frame(Kind.RESET)])
+            self._probe()
 
     def _on_link_up(self, index: int, conn) -> None:
         link = self.links[index]

@@ -108,7 +108,7 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
         self._probe_firsts: list[int] = []
         self._stats: dict[int, dict] = {}
         self.watchdog = Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s))
-        self._wedged: dict[int, str] = {}  # stage index -> why; cleared when its connection goes
+        self._wedged: dict[int, str] = {}  # stage index -> why; cleared when it moves again or its connection goes
         self._canary_every = canary_interval()
         self._last_busy = now()
         self._state, self._reason = "starting", "connecting to stages"
@@ -142,12 +142,14 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
         """Stage `index` now listens at `address` (it was restarted on another node; engine/stage_address.py)."""
         self._inbox.put(("reroute", index, address))
 
-    def submit(self, prompt: list[int], params: GenerationParams, marks: tuple[int, ...] = ()) -> Generation:
+    def submit(self, prompt: list[int], params: GenerationParams, marks: tuple[int, ...] = (),
+               scope: str = "") -> Generation:
         """Queue a request; raises NotReady if the pipeline is not healthy. `marks`: prompt positions
-        where a prompt-cache checkpoint pays (the end of the system prompt), for caches that cannot trim."""
+        where a prompt-cache checkpoint pays (the end of the system prompt), for caches that cannot trim;
+        `scope`: its prompt-cache scope (orchestrator/cache_scope.py)."""
         if not self.health.ready:
             raise NotReady(f"pipeline is {self.health.state}: {self.health.reason}")
-        gen = Generation(prompt, params, self._inbox, marks)
+        gen = Generation(prompt, params, self._inbox, marks, scope)
         self._inbox.put(("submit", gen, False))
         return gen
 
@@ -224,7 +226,7 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
             self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
             return
         prompt = gen.prompt
-        reuse = None if internal else self.cache.plan(prompt)
+        reuse = None if internal else self.cache.plan(prompt, gen.scope)
         a = self._open(gen, internal, canary, reuse)
         rid, first = a.rid, [a.opened]
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
@@ -232,9 +234,9 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
         for start, end, checkpoint in self._chunks(gen, reuse.keep if reuse else 0):
             frames = first + [tokens_frame(rid, start, prompt[start:end], self._solo(1))]
             if checkpoint:
-                entry = self.cache.add(prompt[:end], "system")
+                entry = self.cache.add(prompt[:end], "system", gen.scope)
                 frames.append(json_frame(Kind.CACHE, {"snapshot": rid, "as": entry, "tokens": end,
-                                                      **self._disk_part(prompt[:end], "system")}))
+                                                      **self._disk_part(prompt[:end], "system", gen.scope)}))
             if not self._send(0, frames):
                 return
             first = []

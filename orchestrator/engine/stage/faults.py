@@ -2,7 +2,8 @@
 
 `PIPESERVE_FAULTS="stage-1:step-error"` makes stage-1 fail every compute step (a stage that
 loads but cannot serve); `stage-1:step-hang` makes its compute thread block forever while
-its reader threads keep answering pings (a wedged stage). A kind may end in `@N`: the fault
+its reader threads keep answering pings (a wedged stage); `stage-1:step-stall` holds it for
+STEP_STALL_S once and then lets it go on (a stage judged wedged that comes back). A kind may end in `@N`: the fault
 starts at the stage's N-th step (`stage-1:step-hang@12` serves the readiness probe, then
 wedges). `cache-stale` makes the stage start a cached request from the oldest prompt-cache entry it
 holds instead of the one named, `cache-skip-trim` from the named one without trimming it (stages that
@@ -23,8 +24,9 @@ from dataclasses import dataclass, field
 from orchestrator import settings
 
 ENV = settings.FAULTS.name
-KINDS = ("step-error", "step-hang", "cache-stale", "cache-skip-trim", "cache-forget", "spec-skip-trim", "start-hold",
-         "layer-pause")
+KINDS = ("step-error", "step-hang", "step-stall", "cache-stale", "cache-skip-trim", "cache-forget", "spec-skip-trim",
+         "start-hold", "layer-pause")
+STEP_STALL_S = 12.0  # `step-stall`: how long the compute thread is held, once
 START_HOLD_S = 30.0  # `coordinator:start-hold`: bound and serving, it waits this long before starting its pipeline
 
 
@@ -58,6 +60,8 @@ class Faults:
             raise RuntimeError("fault injected: this stage cannot compute")
         if self.steps >= self.kinds.get("step-hang", self.steps + 1):
             threading.Event().wait()  # never set: the compute thread stops making progress
+        if self.steps == self.kinds.get("step-stall"):
+            threading.Event().wait(STEP_STALL_S)  # then it goes on: stuck for a while, not for good
 
     def before_start(self) -> None:
         """Called by the coordinator once its port is bound, before its pipeline starts."""

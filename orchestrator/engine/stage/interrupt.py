@@ -8,6 +8,14 @@ evaluated layer by layer (`stand_ins.Checkpoint` around each layer the stage run
 operations, so the same results), and after each layer the stage asks whether a RESET has been
 read since the step's frames were. If so the step stops with `Abandoned`; its requests (their
 caches now half-advanced) are dropped by that RESET, which the stage handles next.
+
+Every other step is evaluated whole, synchronously (`mx.eval`): a stage never evaluates
+asynchronously. It used to start `mx.async_eval` every 4 layers, to overlap compute with building
+the rest of the graph (~8 % at one BLAS thread of two cores), and stages then hung for good at start
+on loaded machines: the compute thread waited inside mlx's `eval_impl` (its throttle of asynchronous
+work, `scheduler::wait_for_one`, which waits on a process-wide count of outstanding tasks until it
+falls) while mlx's stream thread sat idle, so nothing could lower it. Liveness is worth more than
+those 8 % (docs/benchmark.md, "Liveness").
 """
 
 from __future__ import annotations
@@ -20,15 +28,7 @@ from typing import Any
 import mlx.core as mx
 
 INTERRUPTIBLE_TOKENS = 16  # positions in one step from which it is evaluated layer by layer
-OVERLAP_EVERY = 4  # other steps: every this many layers, evaluation starts while Python builds the rest
 LAYER_PAUSE_S = 0.5  # the test fault `layer-pause`: a pause after each layer of an interruptible step
-
-
-def overlap_for(blas_threads: int, cores: int) -> int:
-    """How often a step's layers start computing while the rest is built, for a step on `blas_threads`
-    of the host's `cores`: only with a core left for Python. Measured with SmolLM2's stages, steps
-    interleaved: at 1 of 2 threads 8 % faster; at 2 of 2 within ±4 % (docs/benchmark.md)."""
-    return OVERLAP_EVERY if blas_threads < cores else 0
 
 
 class Abandoned(Exception):
@@ -41,9 +41,7 @@ class LayerChecks:
     def __init__(self) -> None:
         self._stale: Callable[[], bool] | None = None
         self.pause_s = 0.0  # > 0 only under the `layer-pause` fault (faults.py)
-        self.layers_done = 0  # layers evaluated one by one in the current step
-        self.overlap_every = OVERLAP_EVERY  # 0: build the whole graph of a step before evaluating it
-        self._built = 0  # layers built outside an interruptible step
+        self.layers_done = 0  # layers evaluated one by one in the current step (read by PONGs: progress)
 
     @contextmanager
     def interruptible(self, stale: Callable[[], bool]) -> Iterator[None]:
@@ -55,21 +53,11 @@ class LayerChecks:
             self._stale = None
 
     def after_layer(self, out: Any) -> None:
-        """Called by each wrapped layer with its output: evaluate it, then stop if the step is stale.
-
-        Outside an interruptible step, every `overlap_every` layers the output's evaluation starts in the
-        background (`mx.async_eval`), as `mlx_lm.generate_step` overlaps its next step: the layers built so
-        far compute while Python builds the next ones, instead of the whole graph first and then all the
-        compute (building SmolLM2's 30 layers takes ~5 ms of a ~90 ms decode step). Same operations, same
-        order: the same bits.
-        """
-        arrays = [a for a in (out if isinstance(out, tuple) else (out,)) if isinstance(a, mx.array)]
+        """Called by each wrapped layer with its output: inside an interruptible step, evaluate it, then
+        stop if the step is stale; outside one, nothing (the step is evaluated whole)."""
         if self._stale is None:
-            self._built += 1
-            if self.overlap_every and self._built % self.overlap_every == 0:
-                mx.async_eval(arrays)
             return
-        mx.eval(arrays)
+        mx.eval([a for a in (out if isinstance(out, tuple) else (out,)) if isinstance(a, mx.array)])
         self.layers_done += 1
         if self.pause_s:
             time.sleep(self.pause_s)
@@ -77,4 +65,4 @@ class LayerChecks:
             raise Abandoned(f"a RESET arrived after {self.layers_done} layers of the step")
 
 
-__all__ = ["INTERRUPTIBLE_TOKENS", "OVERLAP_EVERY", "Abandoned", "LayerChecks", "overlap_for"]
+__all__ = ["INTERRUPTIBLE_TOKENS", "Abandoned", "LayerChecks"]

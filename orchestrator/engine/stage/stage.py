@@ -8,12 +8,13 @@ outbound connections (engine/stage/links.py). Readers feed it through one inbox 
 
 from __future__ import annotations
 
-import os
 import queue
 import socket
 import threading
 import time
+from collections import deque
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -25,14 +26,14 @@ from orchestrator.engine.stage.constraint import Constraints
 from orchestrator.engine.stage.control import ControlFrames
 from orchestrator.engine.stage.faults import Faults
 from orchestrator.engine.stage.gate import Gate
-from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned, overlap_for
+from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned
 from orchestrator.engine.stage.links import Links
 from orchestrator.engine.stage.prompt_cache import StageCache, disk_tier
 from orchestrator.engine.stage.request import RequestState
 from orchestrator.engine.stage.rewind import rollback_for
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.stage.speculate import verified
-from orchestrator.engine.stage.stats import Progress, StageStats, progress_json, rss_bytes
+from orchestrator.engine.stage.stats import RECENT_STEPS, Progress, StageStats, progress_json, rss_bytes
 from orchestrator.engine.steptrace import StepTrace
 from orchestrator.engine.tensors import framed_ahead, from_frame, from_frame_with, to_frame
 from orchestrator.engine.wire import Flag, Frame, Kind, json_frame
@@ -79,9 +80,8 @@ class Stage(ControlFrames):
         self.prompt_cache = StageCache(self.faults, disk_tier(config, model, log))  # entries the index names
         self._batch_refusal_logged = False
         self.current_threads = self.base_threads
-        if self.base_threads and hasattr(model, "checks"):
-            model.checks.overlap_every = overlap_for(self.base_threads, os.cpu_count() or 1)
         self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
+        self._recent_ms: deque[float] = deque(maxlen=RECENT_STEPS)  # the last steps' times (the slowest is published)
         self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
         if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
             model.checks.pause_s = LAYER_PAUSE_S
@@ -95,8 +95,9 @@ class Stage(ControlFrames):
         """The answer to a PING: the stage's figures and what it is computing now (read by the gate's readers)."""
         stats = self.stats
         # resident memory read here, by the reader thread: not on every step's path (~50 µs)
+        checks = getattr(self.model, "checks", None)
         return json_frame(Kind.PONG, {**stats.as_json(), "rss_bytes": rss_bytes(), "progress": progress_json(
-            stats, self.progress, self.inbox.qsize(), time.monotonic())})
+            stats, self.progress, self.inbox.qsize(), time.monotonic(), checks.layers_done if checks else 0)})
 
     # --- the MLX thread ----------------------------------------------------------------
     def run(self) -> None:
@@ -249,8 +250,6 @@ class Stage(ControlFrames):
 
             blas.set_threads(want)  # MLX is idle between steps: no BLAS call is running now
             self.current_threads = want
-            if hasattr(self.model, "checks"):
-                self.model.checks.overlap_every = overlap_for(want, os.cpu_count() or 1)
 
     def _compute(self, work: list[tuple[Frame, RequestState, mx.array]]) -> list[Frame]:
         model = self.model
@@ -329,14 +328,14 @@ class Stage(ControlFrames):
     def _record_step(self, seconds: float, batch: int) -> None:
         ms = seconds * 1000
         ema = ms if self.stats.steps == 0 else 0.9 * self.stats.step_ms + 0.1 * ms
-        self.stats = StageStats(self.index, self.model.layer_range, len(self.requests), self.stats.steps + 1,
-                                ema, batch, max(batch, self.stats.max_batch), self.stats.rss_bytes,
-                                self.stats.weight_bytes, self.stats.extra)
+        self._recent_ms.append(ms)
+        self.stats = replace(self.stats, requests=len(self.requests), steps=self.stats.steps + 1, step_ms=ema,
+                             batch=batch, max_batch=max(batch, self.stats.max_batch), slowest_ms=max(self._recent_ms))
 
     def _publish(self) -> None:
         s = self.stats
-        self.stats = StageStats(s.stage, s.layers, len(self.requests), s.steps, s.step_ms, s.batch, s.max_batch,
-                                rss_bytes(), s.weight_bytes, {**s.extra, "prompt_cache": self.prompt_cache.stats()})
+        self.stats = replace(s, requests=len(self.requests), rss_bytes=rss_bytes(),
+                             extra={**s.extra, "prompt_cache": self.prompt_cache.stats()})
 
     # --- outbound ----------------------------------------------------------------------
     def _send_down(self, frames: list[Frame]) -> None:

@@ -11,6 +11,8 @@ import os
 import resource
 from dataclasses import dataclass, field
 
+RECENT_STEPS = 32  # how many of its last steps a stage's "slowest step" covers
+
 
 @dataclass
 class StageStats:
@@ -26,13 +28,14 @@ class StageStats:
     rss_bytes: int = 0
     weight_bytes: int = 0
     extra: dict = field(default_factory=dict)
+    slowest_ms: float = 0.0  # the longest of its last RECENT_STEPS steps: the watchdog's sense of "slow"
 
     def as_json(self) -> dict:
         """The PONG payload."""
         return {
             "stage": self.stage, "layers": [self.layers[0], self.layers[1] - 1], "requests": self.requests,
             "steps": self.steps, "step_ms": round(self.step_ms, 3), "batch": self.batch,
-            "max_batch": self.max_batch,
+            "max_batch": self.max_batch, "slowest_ms": round(self.slowest_ms, 3),
             "rss_bytes": self.rss_bytes, "weight_bytes": self.weight_bytes, **self.extra,
         }
 
@@ -48,9 +51,11 @@ class Progress:
     batch: int  # requests in the step
 
 
-def progress_json(stats: StageStats, current: Progress | None, queued: int, at: float) -> dict:
-    """What a PONG says about progress: the coordinator's watchdog reads it (pure)."""
+def progress_json(stats: StageStats, current: Progress | None, queued: int, at: float, layers: int = 0) -> dict:
+    """What a PONG says about progress: the coordinator's watchdog reads it (pure). `layers`: layers
+    evaluated so far in a step evaluated layer by layer (interrupt.py), progress inside one long step."""
     return {"steps": stats.steps, "busy_s": round(at - current.started, 3) if current else 0.0,
+            "layers": layers if current else 0, "slowest_ms": round(stats.slowest_ms, 3),
             "request": current.request if current else None,
             "chunk": [current.position, current.tokens] if current else None,
             "batch": current.batch if current else 0, "queued": queued, "pid": os.getpid()}
@@ -65,4 +70,4 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-__all__ = ["Progress", "StageStats", "progress_json", "rss_bytes"]
+__all__ = ["RECENT_STEPS", "Progress", "StageStats", "progress_json", "rss_bytes"]
