@@ -70,7 +70,12 @@ def _stage(tmp_path: Path, share: int) -> subprocess.Popen:
 
 def test_a_stage_whose_weights_overrun_its_share_exits_with_the_reason(tmp_path: Path):
     proc = _stage(tmp_path, 4096)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:  # a stage that did not refuse serves on: never leave it behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == SHARE_REFUSED, err
     assert "memory.share_refused" in err and "more than its share of 4.0 KiB" in err
     assert "transport.listening" not in err
