@@ -77,11 +77,13 @@ def conversation_head(path: str, doc: Mapping[str, Any], prefix_chars: int) -> s
     return None if head is None else _canonical(head)
 
 
-def affinity_key(path: str, doc: Any, model: str, header_value: str | None, prefix_chars: int) -> str | None:
+def affinity_key(path: str, doc: Any, model: str, header_value: str | None, prefix_chars: int,
+                 scope: str = "") -> str | None:
     """The request's affinity key: its header's value, else its conversation head's hash.
 
     The model is part of the key: one conversation text sent to two models is two
-    conversations. None when the request has neither (it is balanced as usual).
+    conversations; so is the caller's prompt-cache `scope`: one caller's conversation never
+    steers another's. None when the request has neither (it is balanced as usual).
     """
     if header_value is not None and header_value.strip():
         text = "header\0" + header_value.strip()
@@ -89,7 +91,8 @@ def affinity_key(path: str, doc: Any, model: str, header_value: str | None, pref
         text = "head\0" + path.split("?")[0].rstrip("/") + "\0" + head
     else:
         return None
-    return hashlib.sha256(f"{model}\0{text}".encode()).hexdigest()
+    scoped = f"scope\0{scope}\0" if scope else ""  # the default scope keeps its keys as before
+    return hashlib.sha256(f"{scoped}{model}\0{text}".encode()).hexdigest()
 
 
 class AffinityTable:

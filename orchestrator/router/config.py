@@ -6,6 +6,7 @@ backends:
 health_checks: {enabled: true, interval: 10s, timeout: 5s, unhealthy_threshold: 3,
                 healthy_threshold: 2, endpoint: /v1/models}
 prefix_affinity: {enabled: true}   # pipeserve's own: a conversation goes back to its backend (affinity.py)
+cache_scope: {enabled: true}       # pipeserve's own: each caller's prompt-cache entries are its own
 ```
 
 Unknown keys (top level and inside a backend) are kept, not refused: the same file is read
@@ -123,6 +124,9 @@ class HealthChecks(BaseModel):
         return v
 
 
+_HEADER_NAME = r"[A-Za-z0-9!#$%&'*+.^_`|~-]+"  # an HTTP header name (RFC 9110 token)
+
+
 class PrefixAffinity(BaseModel):
     """Prefix-aware routing (`prefix_affinity:`; pipeserve's own key, continuum-router ignores it).
 
@@ -139,7 +143,29 @@ class PrefixAffinity(BaseModel):
     @field_validator("header")
     @classmethod
     def _header(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v):
+        if not re.fullmatch(_HEADER_NAME, v):
+            raise ValueError(f"{v!r} is not an HTTP header name")
+        return v
+
+
+class CacheScope(BaseModel):
+    """Prompt-cache scopes by caller (`cache_scope:`; pipeserve's own key, continuum-router ignores it).
+
+    On by default: a request's caller — its API key (`Authorization: Bearer`, `x-api-key`), or
+    `header`'s value when one is named (an authenticating proxy in front sets it) — becomes its
+    prompt-cache scope (orchestrator/cache_scope.py), so no caller reuses, or learns of, another's
+    cached prompts. Callers that send neither share the default scope.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    enabled: bool = True
+    header: str | None = None
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(_HEADER_NAME, v):
             raise ValueError(f"{v!r} is not an HTTP header name")
         return v
 
@@ -152,8 +178,9 @@ class RouterConfig(BaseModel):
     backends: tuple[BackendConfig, ...] = ()
     health_checks: HealthChecks = HealthChecks()
     prefix_affinity: PrefixAffinity = PrefixAffinity()
+    cache_scope: CacheScope = CacheScope()
 
-    @field_validator("backends", "health_checks", "prefix_affinity", mode="before")
+    @field_validator("backends", "health_checks", "prefix_affinity", "cache_scope", mode="before")
     @classmethod
     def _none_is_default(cls, v: Any, info: Any) -> Any:
         # `backends:` with nothing after it is YAML null; read it as "no backends".

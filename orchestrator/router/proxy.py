@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from orchestrator.cache_scope import SCOPE_HEADER
 from orchestrator.httpkit import OpenAIError, as_anthropic
 from orchestrator.httpkit.upstream import ClientWatch, connect
 from orchestrator.router.service import RouterService
@@ -54,10 +55,14 @@ def _drop(headers: http.client.HTTPMessage) -> set[str]:
     return _HOP | named
 
 
-def upstream_headers(client: http.client.HTTPMessage, route: Route, client_ip: str, length: int) -> dict[str, str]:
-    """Headers to send to the backend: the client's end-to-end headers, our Host and length."""
-    drop = _drop(client)
+def upstream_headers(client: http.client.HTTPMessage, route: Route, client_ip: str, length: int,
+                     scope: str | None = None) -> dict[str, str]:
+    """Headers to send to the backend: the client's end-to-end headers, our Host and length, and
+    the caller's prompt-cache `scope` — never one the client sent, so no client picks another's."""
+    drop = _drop(client) | {SCOPE_HEADER.lower()}
     out = {k: v for k, v in client.items() if k.lower() not in drop}
+    if scope:
+        out[SCOPE_HEADER] = scope
     out["Host"] = urlsplit(route.url).netloc
     out["Content-Length"] = str(length)
     prior = client.get("X-Forwarded-For")
@@ -157,10 +162,11 @@ def _broken_off(handler: BaseHTTPRequestHandler, exc: Exception, sse: bool) -> N
 
 
 def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, body: bytes,
-            model: str, key: str | None = None) -> tuple[str, int]:
+            model: str, key: str | None = None, scope: str | None = None) -> tuple[str, int]:
     """Send a request for `model` to a healthy backend and relay the answer.
 
-    `key`: the request's affinity key (prefix-aware routing), or None.
+    `key`: the request's affinity key (prefix-aware routing), or None; `scope`: the caller's
+    prompt-cache scope (orchestrator/cache_scope.py), or None.
 
     Returns (backend name, status). Raises OpenAIError for 404 / 503 answered by the router
     itself (before anything was written), BackendFailed after a partial answer, and ClientGone
@@ -177,7 +183,7 @@ def forward(service: RouterService, handler: BaseHTTPRequestHandler, path: str, 
             # replaced is back within seconds), never a 5xx that reads as a broken gateway.
             raise OpenAIError(503, f"Could not connect to any backend serving '{model}': {'; '.join(failures)}",
                               "service_unavailable", code="backend_unavailable")
-        headers = upstream_headers(handler.headers, route, handler.client_address[0], len(body))
+        headers = upstream_headers(handler.headers, route, handler.client_address[0], len(body), scope)
         try:
             conn = connect(route.url, CONNECT_TIMEOUT)
         except OSError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.cache_scope import caller_of, caller_scope
 from orchestrator.httpkit import App, Limits, OpenAIError, Raw, Request, Server, parse_json, route
 from orchestrator.router.affinity import affinity_key
 from orchestrator.router.proxy import BackendFailed, ClientGone, client_error, forward
@@ -29,13 +30,21 @@ def _model_of(doc: Any) -> str:
     return model
 
 
-def _key_of(service: RouterService, request: Request, doc: Any, model: str) -> str | None:
+def _scope_of(service: RouterService, request: Request) -> str | None:
+    """The caller's prompt-cache scope (`SCOPE_HEADER`'s value) when cache scopes are on and the
+    caller is known (else None: the default scope)."""
+    settings = service.config.cache_scope
+    caller = caller_of(request.handler.headers, settings.header) if settings.enabled else None
+    return caller_scope(caller) if caller else None
+
+
+def _key_of(service: RouterService, request: Request, doc: Any, model: str, scope: str | None) -> str | None:
     """The request's affinity key when prefix-aware routing is on (else None)."""
     settings = service.config.prefix_affinity
     if not settings.enabled:
         return None
     return affinity_key(request.path, doc, model, request.handler.headers.get(settings.header),
-                        settings.prefix_chars)
+                        settings.prefix_chars, scope or "")
 
 
 def build_app(service: RouterService) -> App:
@@ -52,8 +61,9 @@ def build_app(service: RouterService) -> App:
             body = request.body_bytes()
             doc = parse_json(body)
             name = _model_of(doc)
+            scope = _scope_of(service, request)
             backend, status = forward(service, request.handler, request.handler.path, body, name,
-                                      _key_of(service, request, doc, name))
+                                      _key_of(service, request, doc, name, scope), scope)
         except OpenAIError as exc:  # the router's own answer, in the shape the path's client reads
             raise client_error(request.path, exc) from None
         except BackendFailed as exc:

@@ -176,8 +176,8 @@ class Answering:
         if save and not a.internal and not isinstance(event, Failed) and self.cache.enabled and a.position > 1:
             # The stages keep its cache (prompt and generated tokens, all but the last sampled) as an entry.
             covered = (list(a.gen.prompt) + (a.tokens or []))[:a.position]
-            close = json_frame(Kind.CLOSE, {"save": self.cache.add(covered, "assistant"),
-                                            **self._disk_part(covered, "assistant")}, request_id=a.rid,
+            close = json_frame(Kind.CLOSE, {"save": self.cache.add(covered, "assistant", a.gen.scope),
+                                            **self._disk_part(covered, "assistant", a.gen.scope)}, request_id=a.rid,
                                position=a.position)
         self._send(0, [close])
         self.metrics.set_in_flight(self._public_count())

@@ -18,6 +18,7 @@ from typing import Any
 from jinja2 import TemplateError
 from pydantic import ValidationError
 
+from orchestrator.cache_scope import SCOPE_HEADER, ScopeError, request_scope
 from orchestrator.engine.coordinator import anthropic_api, responses_api
 from orchestrator.engine.coordinator import openai_schema as oa
 from orchestrator.engine.coordinator.generator import Generator, Piece, wants_logprobs
@@ -200,8 +201,13 @@ def _completion(c: Coordinator, request: Request, kind: str, body: dict | None =
     (`body`) and take the streamed chunks in their own `events` sink; the Generator is left in
     `request.context["generation"]` (prompt, stop string, tool calls).
     """
-    req, prompt, params = c.prepare(kind, request.json() if body is None else body)
-    gen = Generator(c, req, prompt, params, streaming=req.stream)
+    doc = request.json() if body is None else body
+    req, prompt, params = c.prepare(kind, doc)
+    try:  # whose prompt-cache entries it may reuse: the router's word on its caller, and its cache_salt
+        scope = request_scope(request.header(SCOPE_HEADER), doc.get("cache_salt") if isinstance(doc, dict) else None)
+    except ScopeError as exc:
+        raise OpenAIError(400, str(exc), param=exc.param) from None
+    gen = Generator(c, req, prompt, params, streaming=req.stream, scope=scope)
     request.context["generation"] = gen
     if req.stream:
         _stream(c, request, kind, gen, events or request.events())

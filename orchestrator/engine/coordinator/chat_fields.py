@@ -30,6 +30,7 @@ class SamplingExtensions(BaseModel):
     presence_context_size: Any = None
     frequency_penalty: Any = None
     frequency_context_size: Any = None
+    cache_salt: Any = None  # not sampling: the prompt-cache scope's salt (orchestrator/cache_scope.py)
 
 
 SAMPLING_EXTENSIONS = tuple(SamplingExtensions.model_fields)

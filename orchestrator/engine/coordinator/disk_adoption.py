@@ -15,11 +15,12 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Adoptable:
-    """A file every stage holds: its key, tokens and kind."""
+    """A file every stage holds: its key, tokens, kind and prompt-cache scope."""
 
     key: str
     tokens: tuple[int, ...]
     kind: str
+    scope: str = ""
 
 
 class DiskAdoption:
@@ -28,28 +29,32 @@ class DiskAdoption:
     def __init__(self, stages: int, budget_bytes: int) -> None:
         self.stages = stages
         self.budget = budget_bytes
-        self._lists: dict[int, list[tuple[str, tuple[int, ...], str, int]]] = {}
+        self._lists: dict[int, list[tuple[str, tuple[int, ...], str, int, str]]] = {}
 
     def offer(self, stage: int, files: Any) -> list[Adoptable] | None:
-        """Stage `stage` listed `files` ([[key, tokens, kind, bytes], ...]); returns the adoptable
-        files once every stage listed its own (else None). Raises ValueError on a malformed list."""
+        """Stage `stage` listed `files` ([[key, tokens, kind, bytes, scope?], ...]); returns the
+        adoptable files once every stage listed its own (else None). Raises ValueError on a
+        malformed list."""
         if not 0 <= stage < self.stages or not isinstance(files, list):
             raise ValueError("a disk list from an unknown stage, or not a list")
-        self._lists[stage] = [(str(k), tuple(int(t) for t in toks), str(kind), int(n)) for k, toks, kind, n in files]
+        if any(not isinstance(f, list) or len(f) not in (4, 5) for f in files):
+            raise ValueError("a disk list entry is not [key, tokens, kind, bytes, scope?]")
+        self._lists[stage] = [(str(f[0]), tuple(int(t) for t in f[1]), str(f[2]), int(f[3]),
+                               str(f[4]) if len(f) > 4 else "") for f in files]
         if len(self._lists) < self.stages:
             return None
-        held = [{k: (toks, n) for k, toks, _, n in self._lists[i]} for i in range(self.stages)]
+        held = [{k: (toks, n, sc) for k, toks, _, n, sc in self._lists[i]} for i in range(self.stages)]
         spent = [0] * self.stages
         out = []
-        for key, tokens, kind, _ in self._lists[0]:
+        for key, tokens, kind, _, scope in self._lists[0]:
             found = [h.get(key) for h in held]
-            if any(f is None or f[0] != tokens for f in found):
+            if any(f is None or f[0] != tokens or f[2] != scope for f in found):
                 continue
             sizes = [f[1] for f in found]  # type: ignore[index]
             if any(s + b > self.budget for s, b in zip(spent, sizes, strict=True)):
                 continue
             spent = [s + b for s, b in zip(spent, sizes, strict=True)]
-            out.append(Adoptable(key, tokens, kind if kind in ("assistant", "user", "system") else "assistant"))
+            out.append(Adoptable(key, tokens, kind if kind in ("assistant", "user", "system") else "assistant", scope))
         self._lists.clear()
         return out
 

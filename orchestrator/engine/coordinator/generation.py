@@ -103,10 +103,11 @@ class Generation:
     """A handle on one submitted request: read `events`, call `cancel()` to abandon it."""
 
     def __init__(self, prompt: list[int], params: GenerationParams, inbox: queue.SimpleQueue,
-                 marks: tuple[int, ...] = ()) -> None:
+                 marks: tuple[int, ...] = (), scope: str = "") -> None:
         self.prompt = prompt
         self.params = params
         self.marks = marks  # prompt positions worth a prompt-cache checkpoint (the end of a system prompt)
+        self.scope = scope  # its prompt-cache scope: it reuses and leaves entries of this scope only
         self.cached_tokens = 0  # prompt tokens served from the prompt cache (set before the first token)
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # one token event per step: C put/get
         self.submitted = now()

@@ -50,11 +50,12 @@ class Generator:
     """Turns a submitted generation's token events into pieces, honouring stop strings and tool calls."""
 
     def __init__(self, coordinator: Any, req: Any, prompt: list[int], params: GenerationParams,
-                 streaming: bool = False) -> None:
+                 streaming: bool = False, scope: str = "") -> None:
         self.c = coordinator
         self.req = req
         self.prompt = prompt
         self.params = params
+        self.scope = scope  # its prompt-cache scope (orchestrator/cache_scope.py)
         tokenizer = coordinator.tokenizer
         self.detok = tokenizer.detokenizer
         chat = getattr(req, "messages", None) is not None
@@ -76,7 +77,8 @@ class Generator:
         """Run the generation, calling on_piece(piece) as the answer grows; raises OpenAIError on
         failure, ConnectionResetError (the generation cancelled) once `gone()` says the client left."""
         try:
-            gen = self.c.pipeline.submit(self.prompt, self.params, self.c.cache_marks(self.req, self.prompt))
+            gen = self.c.pipeline.submit(self.prompt, self.params, self.c.cache_marks(self.req, self.prompt),
+                                         self.scope)
         except NotReady as exc:
             raise OpenAIError(503, str(exc), "service_unavailable") from None
         self.c.metrics.add_prompt_tokens(len(self.prompt))

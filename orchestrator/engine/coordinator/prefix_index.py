@@ -14,6 +14,10 @@ are in, it serves only prompts it is a whole prefix of, unless entries of this c
 seen to trim. A stage that cannot serve an entry anyway refuses the request,
 and the coordinator starts it again without that entry.
 
+Entries belong to a scope (`orchestrator/cache_scope.py`): each scope has its own trie, so a
+prompt is only ever planned from entries of requests of its own scope, and `cached_tokens`
+counts own-scope reuse only. The byte budget and the eviction order are shared.
+
 The coordinator alone evicts: when a stage's entries exceed its byte budget, victims are chosen
 like mlx-lm's `LRUPromptCache` (least recently used, one-off completions before conversation
 heads before system prompts) and the stages are told to drop them, so no stage ever drops an
@@ -40,6 +44,7 @@ class CacheEntry:
     stored: dict[int, int] = field(default_factory=dict)  # stage index -> bytes it holds for this entry
     trims: dict[int, bool] = field(default_factory=dict)  # stage index -> whether its cache for it can trim
     floor: int = 0  # it cannot be cut back below this many tokens (the largest floor a stage reported)
+    scope: str = ""  # only requests of this scope may start from it ("": the default scope)
 
     def trimmable(self, stages: int) -> bool | None:
         """Whether every stage can trim it: None until they all said so (False as soon as one did not)."""
@@ -72,7 +77,7 @@ class PrefixIndex:
         self.stages = stages
         self.budget = budget_bytes
         self._next_id = first_id
-        self._root = _Node()
+        self._roots: dict[str, _Node] = {}  # scope -> its trie (a scope's goes with its last entry)
         self._entries: dict[int, CacheEntry] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {k: OrderedDict() for k in KINDS}
         self._bytes = [0] * stages
@@ -86,12 +91,16 @@ class PrefixIndex:
         return self.budget > 0
 
     # --- requests ----------------------------------------------------------------------
-    def plan(self, prompt: list[int]) -> Reuse | None:
-        """The entry that saves the most prefill for `prompt` (at most len(prompt) - 1 tokens), or None."""
+    def plan(self, prompt: list[int], scope: str = "") -> Reuse | None:
+        """The entry of `scope` that saves the most prefill for `prompt` (at most len(prompt) - 1
+        tokens), or None. Entries of other scopes are never considered."""
         if not self.enabled or len(prompt) < 2:
             return None
         self.lookups += 1
-        path, node = [], self._root
+        node = self._roots.get(scope)
+        if node is None:
+            return None
+        path = []
         for tok in prompt[:len(prompt) - 1]:
             node = node.children.get(tok)
             if node is None:
@@ -124,15 +133,15 @@ class PrefixIndex:
         return self.enabled and self._shortest_untrimmable is not None and self._shortest_untrimmable <= length
 
     # --- entries -----------------------------------------------------------------------
-    def add(self, tokens: list[int], kind: str = "assistant") -> int:
-        """A new entry the stages are about to store; usable once they all acknowledge it."""
+    def add(self, tokens: list[int], kind: str = "assistant", scope: str = "") -> int:
+        """A new entry of `scope` the stages are about to store; usable once they all acknowledge it."""
         if kind not in KINDS:
             raise ValueError(f"cache entry kind {kind!r}: expected one of {', '.join(KINDS)}")
-        entry = CacheEntry(self._next_id, tuple(tokens), kind)
+        entry = CacheEntry(self._next_id, tuple(tokens), kind, scope=scope)
         self._next_id += 1
         self._entries[entry.id] = entry
         self._lru[kind][entry.id] = None
-        node = self._root
+        node = self._roots.setdefault(scope, _Node())
         node.through.add(entry.id)
         for tok in entry.tokens:
             node = node.children.setdefault(tok, _Node())
@@ -173,7 +182,8 @@ class PrefixIndex:
         self._lru[entry.kind].pop(entry_id, None)
         for stage, nbytes in entry.stored.items():
             self._bytes[stage] -= nbytes
-        node, trail = self._root, []
+        root = self._roots[entry.scope]
+        node, trail = root, []
         node.through.discard(entry_id)
         for tok in entry.tokens:
             trail.append((node, tok))
@@ -184,12 +194,14 @@ class PrefixIndex:
             if parent.children[tok].through:
                 break
             del parent.children[tok]
+        if not root.through:
+            del self._roots[entry.scope]  # as many tries as scopes with entries, no more
 
     def clear(self) -> list[int]:
         """Forget everything (a stage was replaced or reconnected); returns the ids that were known."""
         ids = list(self._entries)
         self._entries.clear()
-        self._root = _Node()
+        self._roots.clear()
         for lru in self._lru.values():
             lru.clear()
         self._bytes = [0] * self.stages
@@ -219,7 +231,7 @@ class PrefixIndex:
         return self._longest_trimmable > 0 and (self._shortest_untrimmable is None or n < self._shortest_untrimmable)
 
     def _redundant_prefixes(self, entry: CacheEntry) -> list[int]:
-        found, node = [], self._root
+        found, node = [], self._roots[entry.scope]  # only its own scope's: others cannot use it
         for depth, tok in enumerate(entry.tokens[:-1], start=1):
             node = node.children[tok]
             if depth >= entry.floor:  # `entry` cut back to this depth serves whatever they served

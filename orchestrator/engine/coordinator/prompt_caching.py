@@ -53,9 +53,10 @@ class PromptCaching:
             self._send(0, [json_frame(Kind.CACHE, {"drop": victims})])
         self.metrics.observe_cache(self.cache.stats())
 
-    def _disk_part(self, tokens: list[int], kind: str) -> dict:
-        """What a save or snapshot adds with the disk tier on: the entry's tokens and kind."""
-        return {"ids": list(tokens), "kind": kind} if self._disk else {}
+    def _disk_part(self, tokens: list[int], kind: str, scope: str = "") -> dict:
+        """What a save or snapshot adds with the disk tier on: the entry's tokens, kind and scope
+        (the file keeps the scope, so an entry adopted after a restart stays in its scope)."""
+        return {"ids": list(tokens), "kind": kind, "scope": scope} if self._disk else {}
 
     def _adopt_files(self, index: int, files: object) -> None:
         """A stage listed its disk files; once all did, index those every stage holds and have the
@@ -63,7 +64,7 @@ class PromptCaching:
         adoptable = self._adoption.offer(index, files)
         if not adoptable:
             return
-        pairs = [[f.key, self.cache.add(list(f.tokens), f.kind)] for f in adoptable]
+        pairs = [[f.key, self.cache.add(list(f.tokens), f.kind, f.scope)] for f in adoptable]
         self.log.info("cache.disk_adopted", entries=len(pairs))
         self._send(0, [json_frame(Kind.CACHE, {"adopt": pairs})])
 

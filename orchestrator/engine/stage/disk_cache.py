@@ -46,9 +46,11 @@ def model_hash(model_dir: Path, digests: Path | None = None) -> str:
     return weights_digest(model_dir, digests)
 
 
-def token_key(tokens: list[int] | tuple[int, ...]) -> str:
-    """The file name stem of an entry covering `tokens`."""
-    return hashlib.sha256(struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:40]
+def token_key(tokens: list[int] | tuple[int, ...], scope: str = "") -> str:
+    """The file name stem of an entry covering `tokens` in prompt-cache `scope` (the default
+    scope's names are those of files written before scopes existed)."""
+    salt = f"scope\0{scope}\0".encode() if scope else b""
+    return hashlib.sha256(salt + struct.pack(f"<{len(tokens)}i", *tokens)).hexdigest()[:40]
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class DiskEntry:
     kind: str
     path: Path
     nbytes: int
+    scope: str = ""  # the prompt-cache scope it was written for (adopted back into it only)
 
 
 def _readable(c: Any) -> bool:
@@ -107,8 +110,8 @@ class DiskTier:
         self.root = Path(models_dir) / FOLDER / self.model / f"{layers[0]}-{layers[1]}"
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def write(self, tokens: list[int] | tuple[int, ...], cache: list[Any], kind: str) -> Path | None:
-        """Write an entry covering `tokens`, then evict past the budget. A write that fails (a full
+    def write(self, tokens: list[int] | tuple[int, ...], cache: list[Any], kind: str, scope: str = "") -> Path | None:
+        """Write an entry of `scope` covering `tokens`, then evict past the budget. A write that fails (a full
         disk, a cache mlx-lm cannot serialize) is logged and leaves no file: the entry stays in
         memory, the disk tier just does not hold it. Returns the file, or None."""
         unreadable = sorted({type(c).__name__ for c in cache if not _readable(c)})
@@ -121,8 +124,9 @@ class DiskTier:
             return None
         saved = [i for i, c in enumerate(cache) if not _skipped(c)]
         meta = {"format": FORMAT, "model": self.model, "layers": json.dumps(list(self.layers)), "kind": kind,
-                "tokens": json.dumps(list(tokens)), "saved": json.dumps(saved), "length": str(len(cache))}
-        path = self.root / f"{token_key(tokens)}.safetensors"
+                "tokens": json.dumps(list(tokens)), "saved": json.dumps(saved), "length": str(len(cache)),
+                "scope": scope}
+        path = self.root / f"{token_key(tokens, scope)}.safetensors"
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.safetensors")
         try:
             save_prompt_cache(str(tmp), [cache[i] for i in saved], meta)
@@ -187,8 +191,9 @@ class DiskTier:
         if json.loads(meta["layers"]) != list(self.layers):
             raise ValueError(f"written for layers {meta['layers']}, this stage has {list(self.layers)}")
         tokens = tuple(int(t) for t in json.loads(meta["tokens"]))
-        if not tokens or token_key(tokens) != path.stem:
-            raise ValueError("its tokens do not match its name")
+        scope = str(meta.get("scope", ""))
+        if not tokens or token_key(tokens, scope) != path.stem:
+            raise ValueError("its tokens and scope do not match its name")
         fresh = self.make_cache()
         saved = [int(i) for i in json.loads(meta["saved"])]
         if int(meta["length"]) != len(fresh) or len(saved) != len(classes):
@@ -197,7 +202,7 @@ class DiskTier:
             if not 0 <= i < len(fresh) or name != type(fresh[i]).__name__:
                 raise ValueError(f"layer {i}'s cache is a {name}, this stage makes a "
                                  f"{type(fresh[i]).__name__ if 0 <= i < len(fresh) else 'none'}")
-        entry = DiskEntry(path.stem, tokens, meta.get("kind", "assistant"), path, path.stat().st_size)
+        entry = DiskEntry(path.stem, tokens, meta.get("kind", "assistant"), path, path.stat().st_size, scope)
         if not load:
             return entry, []
         loaded = load_prompt_cache(str(path))

@@ -119,13 +119,14 @@ class StageCache:
         return cache, keep
 
     def store(self, entry_id: int, cache: list[Any], tokens: int, snapshot: bool,
-              ids: list[int] | None = None, kind: str = "assistant") -> dict:
+              ids: list[int] | None = None, kind: str = "assistant", scope: str = "") -> dict:
         """Keep `cache` (covering `tokens` positions) as entry `entry_id`; a snapshot of a running
         request is copied, a closed request's cache is taken as it is. With the disk tier on and
-        the entry's token `ids` given, it is written to disk too. Returns the acknowledgement."""
+        the entry's token `ids` given, it is written to disk too (with its prompt-cache `scope`).
+        Returns the acknowledgement."""
         kept = copy.deepcopy(cache) if snapshot else cache
         if self.disk is not None and ids is not None and len(ids) == tokens:
-            self.disk.write(ids, kept, kind)
+            self.disk.write(ids, kept, kind, scope)
         entry = StoredEntry(kept, tokens, cache_bytes(kept))
         if "cache-forget" not in self.faults.kinds:  # test fault: acknowledged but not kept
             self.entries[entry_id] = entry
@@ -141,21 +142,23 @@ class StageCache:
         acks = []
         ids = [int(t) for t in command["ids"]] if "ids" in command else None
         kind = str(command.get("kind", "assistant"))
+        scope = str(command.get("scope", ""))  # the coordinator's scope of the entry (disk tier only)
         if "drop" in command:
             self.drop([int(i) for i in command["drop"]])
         if "save" in command and closed is not None:
             acks.append(self.store(int(command["save"]), closed.cache, closed.position, snapshot=False,
-                                   ids=ids, kind=kind))
+                                   ids=ids, kind=kind, scope=scope))
         if "snapshot" in command:
             state = running.get(int(command["snapshot"]))
             entry_id, tokens = int(command["as"]), int(command["tokens"])
             if state is None or state.position != tokens:
                 acks.append({"refused": entry_id, "reason": "no such request at that position"})
             else:
-                acks.append(self.store(entry_id, state.cache, tokens, snapshot=True, ids=ids, kind=kind))
+                acks.append(self.store(entry_id, state.cache, tokens, snapshot=True, ids=ids, kind=kind,
+                                       scope=scope))
         if command.get("disk") == "list":
             files = self.disk.scan() if self.disk is not None else []
-            acks.append({"disk": [[e.key, list(e.tokens), e.kind, e.nbytes] for e in files]})
+            acks.append({"disk": [[e.key, list(e.tokens), e.kind, e.nbytes, e.scope] for e in files]})
         if "adopt" in command:
             acks += [self._adopt(str(key), int(entry_id)) for key, entry_id in command["adopt"]]
         return acks
