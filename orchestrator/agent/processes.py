@@ -34,6 +34,7 @@ from orchestrator.atomic_write import write_atomically
 from orchestrator.engine.config import ClusterConfig, ConfigError
 from orchestrator.logs import EventLogger
 from orchestrator.proc import SYSTEM_CLOCK, ChildError, ChildProcess, Clock, ProcState
+from orchestrator.proc.cputime import cpu_seconds
 
 KEEP_EXITED = 64  # records of exited processes kept for post-mortems
 
@@ -316,7 +317,8 @@ class ProcessManager:
                            alive=alive, exit_code=c.exit_code, signal=c.signal, port=m.port, port_listening=listening,
                            started_at=m.started_at, uptime_s=round(now - m.started_at, 3),
                            lease_remaining_s=round(m.lease_expires_at - now, 3) if alive else None,
-                           stop_reason=m.stop_reason, adopted=m.adopted, created=created)
+                           stop_reason=m.stop_reason, adopted=m.adopted, created=created,
+                           cpu_s=cpu_seconds(c.pid) if alive else None)
 
     def logs(self, cluster_id: str, node_id: str, lines: int = 100) -> list[str]:
         """The last `lines` lines the process printed (stdout and stderr together)."""

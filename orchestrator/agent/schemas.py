@@ -338,6 +338,7 @@ class ProcessInfo(BaseModel):
     stop_reason: str | None = None  # "requested", "lease expired", "agent shutdown", ...
     adopted: bool = False  # found running after an agent restart (exit status then unknown)
     created: bool = False  # in a start answer: false when an identical process was already running
+    cpu_s: float | None = None  # CPU seconds it has used (None where unreadable): busy or stuck (proc/cputime.py)
 
 
 class ProcessList(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.agent.client import AgentClient, AgentError
@@ -120,6 +121,30 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None],
     return tuple(statuses), "; ".join(problems), tuple(dict.fromkeys(culprits))
 
 
+BUSY_LIMIT_S = 30.0  # a silent coordinator that burns CPU is a fault after this long all the same
+CPU_MOVED_S = 0.02  # CPU seconds between two looks that count as work (two ticks of the kernel's clock)
+
+
+@dataclass
+class Suspect:
+    """A session's problem seen only as silence: since when, when its coordinator last showed CPU
+    progress, and its CPU seconds then (None: unknown, so silence alone decides)."""
+
+    first: float
+    moved: float
+    cpu: float | None
+
+    def seen(self, now: float, cpu: float | None) -> None:
+        """Another silent look: CPU used since the last one is progress (busy, not stuck)."""
+        if cpu is not None and self.cpu is not None and cpu - self.cpu >= CPU_MOVED_S:
+            self.moved = now
+        self.cpu = cpu
+
+    def confirmed(self, now: float, confirm_s: float) -> bool:
+        """A fault once it has shown no progress for confirm_s, or has been silent BUSY_LIMIT_S."""
+        return now - self.moved >= confirm_s or now - self.first >= BUSY_LIMIT_S
+
+
 class Watcher:
     """Background thread: leases, session observations, node reports."""
 
@@ -149,8 +174,11 @@ class Watcher:
         # A problem seen only as silence (a /health or an agent listing that did not answer in
         # time) is a fault once it lasts confirm_s: one slow answer on a loaded machine must not
         # replace a healthy coordinator. A process known dead is a fault at once.
+        # A coordinator that is silent but burns CPU (a long native call holding Python's lock) is
+        # busy, not stuck: its silence is a fault only once it has lasted confirm_s without CPU
+        # progress, or BUSY_LIMIT_S in all (`Suspect`), as a stage is judged by its step counters.
         self.confirm_s = confirm_s
-        self._suspects: dict[str, float] = {}  # session id -> when its unconfirmed problem was first seen
+        self._suspects: dict[str, Suspect] = {}  # session id -> its unconfirmed problem
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -268,8 +296,15 @@ class Watcher:
         if known_dead or not silent:
             self._suspects.pop(session_id, None)
             return True
-        first = self._suspects.setdefault(session_id, self._clock.monotonic())
-        return self._clock.monotonic() - first >= self.confirm_s
+        now = self._clock.monotonic()
+        coordinator = processes.get("coordinator")
+        cpu = coordinator.cpu_s if coordinator is not None and look.report is None else None
+        suspect = self._suspects.get(session_id)
+        if suspect is None:
+            suspect = self._suspects[session_id] = Suspect(now, now, cpu)
+        else:
+            suspect.seen(now, cpu)
+        return suspect.confirmed(now, self.confirm_s)
 
     def _read_tokens(self, client: CoordinatorClient) -> tuple[Reading | None, bool]:
         """The coordinator's generated-token counter and when it was read (None if unreadable), and

@@ -12,7 +12,7 @@ from orchestrator.control import coordinator_client as client_module
 from orchestrator.control import events as ev
 from orchestrator.control.state import Node, State
 from orchestrator.control.transitions import apply
-from orchestrator.control.watcher import Watcher
+from orchestrator.control.watcher import BUSY_LIMIT_S, Watcher
 from orchestrator.proc import FakeClock
 from tests.support.sessions import running_session as session
 
@@ -117,6 +117,40 @@ def test_silence_is_a_fault_only_once_it_lasts_but_a_dead_process_is_one_at_once
     coordinator["silent"] = False
     (fault,) = faults(0.0, dead)  # known dead: no waiting
     assert "stage-1" in fault.processes
+
+
+def test_a_silent_coordinator_that_burns_cpu_is_busy_one_that_does_not_is_stuck(coordinator):
+    """A coordinator holding Python's lock for seconds (llguidance's tokenizer on a loaded machine) is
+    silent but computes: it is judged the way a stage is, by its progress (here CPU seconds, from its
+    agent), not by the answer time of one /health. Frozen or deadlocked, it burns none: replaced."""
+    posted: list[ev.Event] = []
+    s = session()
+    w = Watcher(lambda: State(sessions=(s,)), lambda n: None, posted.append, clock=coordinator["clock"], confirm_s=1.5)
+
+    def faults(advance: float, cpu: float) -> list[ev.SessionFaulted]:
+        coordinator["clock"].advance(advance)
+        posted.clear()
+        listed = processes(s)
+        listed["n0"] = [p.model_copy(update={"cpu_s": cpu}) if p.node_id == "coordinator" else p
+                        for p in listed["n0"]]
+        w._observe(s, listed)
+        return [e for e in posted if isinstance(e, ev.SessionFaulted)]
+
+    coordinator["silent"] = True
+    cpu = 10.0
+    looks = 0
+    while looks * 0.5 < BUSY_LIMIT_S - 1:  # busy: every look finds it used CPU since the last
+        cpu += 0.1
+        assert faults(0.5, cpu) == [], f"replaced after {looks * 0.5} s of busy silence"
+        looks += 1
+    (fault,) = faults(1.5, cpu + 0.1)  # silent past the limit all the same: replaced
+    assert fault.processes == ("coordinator",)
+    coordinator["silent"] = False
+    faults(0.5, cpu)
+    coordinator["silent"] = True  # now frozen: no CPU between looks
+    assert faults(0.5, cpu) == [] and faults(0.5, cpu) == []
+    (fault,) = faults(1.0, cpu)  # 1.5 s without progress
+    assert "coordinator unreachable" in fault.reason and fault.processes == ("coordinator",)
 
 
 def test_nodes_of_a_session_that_ended_report_at_once_not_at_the_next_round():

@@ -158,8 +158,19 @@ class Coordinator:
         grammar = grammar_of(req, self.tokenizer, self._lltokenizer)
         return req, prompt, sampling(req, self.tokenizer, wanted or room, vocab, grammar)
 
+    def prepare_grammars(self) -> str:
+        """Build llguidance's view of the tokenizer now, at start: its build holds Python's lock for
+        its whole length (0.2 s for SmolLM2's 49k tokens here, 5.5 s on a loaded machine), which on the
+        first constrained request silenced /health long enough for the watcher to replace the
+        coordinator. "" when ready, else why constrained decoding will refuse (said on first use)."""
+        try:
+            self._lltokenizer()
+        except ValueError as exc:  # BadRequest too
+            return str(exc)
+        return ""
+
     def _lltokenizer(self) -> Any:
-        """llguidance's view of the tokenizer (built on the first constrained request)."""
+        """llguidance's view of the tokenizer (built by `prepare_grammars` at start; cached)."""
         if self._grammar_tokens is None:
             raise BadRequest("response_format: constrained decoding is not available on this coordinator",
                              "response_format")

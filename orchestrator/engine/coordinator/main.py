@@ -90,7 +90,10 @@ def run(args: argparse.Namespace) -> int:
             server.shutdown()
             return 2
         log.info("draft.loaded", model=str(draft_dir), weight_bytes=pipeline.drafter.weight_bytes)
-    server.app = build_app(Coordinator(pipeline, tokenizer, name, metrics, log, secret, args.model))
+    coordinator = Coordinator(pipeline, tokenizer, name, metrics, log, secret, args.model)
+    refusal = coordinator.prepare_grammars()  # before serving: never on a request's thread
+    log.info("grammars.prepared", **({"refusal": refusal} if refusal else {}))
+    server.app = build_app(coordinator)
     stop = threading.Event()
 
     def shutdown(*_: object) -> None:
