@@ -7,11 +7,16 @@ vocabulary, computed in Rust while the step's graph is built), sets every other 
 -inf, and feeds the chosen token back. A finished grammar allows only end-of-sequence.
 
 The tokenizer llguidance needs is built from the model directory's tokenizer.json (no
-transformers on a stage), once per set of end-of-sequence ids, on the first grammar.
+transformers on a stage), once per set of end-of-sequence ids. Its build holds Python's lock for
+its whole length (seconds for a large vocabulary on a loaded machine), long enough for the stage's
+readers to miss the coordinator's pings: the last stage builds it at start, before it listens, for
+the end-of-sequence ids the coordinator's tokenizer has (`model_eos_ids`); another set, should a
+coordinator send one, is built on first use.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,31 @@ class Constraint:
         """Advance the grammar by the sampled token (always one the mask allowed)."""
         if not self.matcher.consume_token(token):
             raise ValueError(f"grammar refused token {token}: {self.matcher.get_error()}")
+
+
+def model_eos_ids(model_dir: Path) -> list[int]:
+    """The end-of-sequence ids mlx-lm's tokenizer gives the coordinator for this model, read from its
+    files alone: tokenizer_config.json's (else special_tokens_map.json's) `eos_token`, looked up in
+    tokenizer.json. Empty when the files do not say."""
+    import tokenizers
+
+    eos = None
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            eos = json.loads((model_dir / name).read_text()).get("eos_token")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if eos:
+            break
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    if not isinstance(eos, str):
+        return []
+    try:
+        token = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(eos)
+    except Exception:  # noqa: BLE001 - a tokenizer.json `tokenizers` cannot read: built on first use then
+        return []
+    return [] if token is None else [token]
 
 
 class Constraints:

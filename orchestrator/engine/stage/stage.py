@@ -22,7 +22,7 @@ import mlx.core as mx
 from orchestrator.engine import transport
 from orchestrator.engine.config import ClusterConfig, NodeSpec
 from orchestrator.engine.stage.carry import Carry
-from orchestrator.engine.stage.constraint import Constraints
+from orchestrator.engine.stage.constraint import Constraints, model_eos_ids
 from orchestrator.engine.stage.control import ControlFrames
 from orchestrator.engine.stage.faults import Faults
 from orchestrator.engine.stage.gate import Gate
@@ -83,9 +83,20 @@ class Stage(ControlFrames):
         self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
         self._recent_ms: deque[float] = deque(maxlen=RECENT_STEPS)  # the last steps' times (the slowest is published)
         self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
+        if self.next_node is None:  # the last stage samples: llguidance's tokenizer now, not on a request
+            self._prepare_grammars(log)
         if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
             model.checks.pause_s = LAYER_PAUSE_S
         self.trace = StepTrace.of(f"stage-{self.index}")  # None unless PIPESERVE_STEP_TRACE names a file
+
+    def _prepare_grammars(self, log: EventLogger) -> None:
+        eos = model_eos_ids(self.model.model_dir)
+        try:
+            self.constraints.tokenizer(eos)
+        except ValueError as exc:  # no tokenizer.json: constrained requests fail with this reason then
+            log.info("grammars.unavailable", reason=exc)
+            return
+        log.info("grammars.prepared", eos_ids=eos)
 
     def serve(self) -> None:
         """Accept connections in a background thread (engine/stage/gate.py)."""
