@@ -203,7 +203,7 @@ def target_of(fault: Injected, target: float) -> float:
     return target + (FROZEN_DETECTION_S if frozen else 0.0)
 
 
-def report(args, load: tuple[float, float], cold: float, target: float, run: Run, clients: Clients,
+def print_report(args, load: tuple[float, float], cold: float, target: float, run: Run, clients: Clients,
            monitor: Monitor, left: list[str], elapsed: float) -> list[str]:
     """Print the Markdown report; returns the invariant violations."""
     t = clients.tally
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             ports = [a.port for a in stack.agents] + router + sorted(run.ports)
             stack.stop()
         left = leftovers(stack, root, ports)
-    violations = report(args, (load0, os.getloadavg()[0]), cold, target, run, clients, monitor, aborted + left,
+    violations = print_report(args, (load0, os.getloadavg()[0]), cold, target, run, clients, monitor, aborted + left,
                         elapsed)
     return 1 if violations else 0
 

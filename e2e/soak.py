@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                              "cores rather than a slot flood)")
     args = parser.parse_args(argv)
     from orchestrator.models.demo import cached_demo_model
-    from tests.webapp.server import start_dashboard
+    from tests.support.dashboard_server import start_dashboard
     from webapp.authstore import AuthStore
 
     load0 = os.getloadavg()[0]

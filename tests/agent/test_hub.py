@@ -42,7 +42,7 @@ def hub(test_model_dir: Path, one_file_model: Path):
 
 
 @pytest.fixture
-def node(spawn_agent, hub, tmp_path):
+def start_node(spawn_agent, hub, tmp_path):
     def start(name: str = "b"):
         return spawn_agent(name, env=hub_env(hub, tmp_path))
     return start
@@ -53,8 +53,8 @@ def hub_env(hub: HubStandIn, tmp_path: Path) -> dict[str, str]:
             "HF_TOKEN": "", "HF_HUB_ETAG_TIMEOUT": "5"}
 
 
-def test_listing_before_anything_is_fetched(node, hub, test_model_dir):
-    b = node()
+def test_listing_before_anything_is_fetched(start_node, hub, test_model_dir):
+    b = start_node()
     listing = b.client.hub_files("org/tiny")
     want = {p.relative_to(test_model_dir).as_posix(): p.stat().st_size
             for p in test_model_dir.rglob("*") if p.is_file()}
@@ -73,8 +73,8 @@ def test_listing_before_anything_is_fetched(node, hub, test_model_dir):
     assert missing.value.code == "hub_not_found" and "no repository org/absent" in missing.value.message
 
 
-def test_download_resumes_a_dropped_connection_and_refetches_a_corrupted_byte(node, hub, one_file_model):
-    b = node()
+def test_download_resumes_a_dropped_connection_and_refetches_a_corrupted_byte(start_node, hub, one_file_model):
+    b = start_node()
     commit = hub.repos["org/big"].commit
     hub.drop[("org/big", "model.safetensors")] = 5_000_000  # the server hangs up mid-file
     hub.corrupt[("org/big", "tokenizer.json")] = 1  # a small (git) file: checked by its blob id
@@ -92,8 +92,8 @@ def test_download_resumes_a_dropped_connection_and_refetches_a_corrupted_byte(no
     assert info.supported and info.manifest.total_bytes == done.total_bytes
 
 
-def test_refusals_are_clear_and_leave_nothing(node, hub):
-    b = node()
+def test_refusals_are_clear_and_leave_nothing(start_node, hub):
+    b = start_node()
     for model_id, repo, code, words in (("g", "org/gated", "hub_gated", "gated repository"),
                                         ("t", "org/torch", "not_mlx", "not an MLX repository"),
                                         ("m", "org/absent", "hub_not_found", "no repository org/absent")):
@@ -107,8 +107,8 @@ def test_refusals_are_clear_and_leave_nothing(node, hub):
     assert not any(m == "GET" and "/resolve/" in p and "model.safetensors" in p for m, p, _ in hub.requests)
 
 
-def test_download_resumes_after_an_agent_restart(node, hub, one_file_model):
-    b = node()
+def test_download_resumes_after_an_agent_restart(start_node, hub, one_file_model):
+    b = start_node()
     hub.rate_bps = 3e6  # ~19 MB: several seconds, so the agent stops mid-file
     b.client.fetch("big", {"kind": "hf", "repo_id": "org/big"})
     wait_until(lambda: b.client.progress("big").transferred_bytes > 2_000_000, 60, message="bytes to arrive")
@@ -125,8 +125,8 @@ def test_download_resumes_after_an_agent_restart(node, hub, one_file_model):
     assert resumed and done.transferred_bytes < done.total_bytes, (resumed, done)
 
 
-def test_delete_refused_while_in_use_and_done_otherwise(node, hub):
-    b = node()
+def test_delete_refused_while_in_use_and_done_otherwise(start_node, hub):
+    b = start_node()
     b.client.fetch("tiny", {"kind": "hf", "repo_id": "org/tiny"})
     assert b.client.wait_download("tiny", timeout=60).state == "done"
     b.client.delete_model("tiny")
@@ -136,8 +136,8 @@ def test_delete_refused_while_in_use_and_done_otherwise(node, hub):
     assert gone.value.status == 404
 
 
-def test_a_manifest_from_the_control_plane_is_checked_too(node, hub):
-    b = node()
+def test_a_manifest_from_the_control_plane_is_checked_too(start_node, hub):
+    b = start_node()
     b.client.fetch("tiny", {"kind": "hf", "repo_id": "org/tiny"})
     assert b.client.wait_download("tiny", timeout=60).state == "done"
     manifest = b.client.model("tiny").manifest
@@ -149,11 +149,11 @@ def test_a_manifest_from_the_control_plane_is_checked_too(node, hub):
     assert failed.state == "failed" and failed.error_code == "mismatch" and "config.json" in failed.mismatched
 
 
-def test_a_hub_that_sends_more_than_it_listed_writes_no_more_and_leaves_nothing(node, hub):
+def test_a_hub_that_sends_more_than_it_listed_writes_no_more_and_leaves_nothing(start_node, hub):
     """Issue 20, item 5: a hub whose listing said 1,000 bytes streamed 200 MiB per file, all of
     it written and kept on disk as `hub_unreachable`. Now every byte written is capped by the
     listed size (what the job was admitted with) and the failed partial files are removed."""
-    b = node()
+    b = start_node()
     hub.listed_size[("org/big", "model.safetensors")] = 1000
     b.client.fetch("liar", {"kind": "hf", "repo_id": "org/big"})
     failed = b.client.wait_download("liar", timeout=90)
@@ -163,10 +163,10 @@ def test_a_hub_that_sends_more_than_it_listed_writes_no_more_and_leaves_nothing(
     assert leftovers == [], leftovers
 
 
-def test_the_listing_preview_never_downloads_a_huge_config(node, hub, test_model_dir):
+def test_the_listing_preview_never_downloads_a_huge_config(start_node, hub, test_model_dir):
     """Issue 20, item 5: the preview downloaded a 198 MiB config.json into the system temp
     directory. A config.json listed (or sent) over 1 MiB is refused without being kept."""
-    b = node()
+    b = start_node()
     files = dict(hub.repos["org/tiny"].files)
     files["config.json"] = files["config.json"].rstrip()[:-1] + b', "pad": "' + b"x" * (2 << 20) + b'"}'
     hub.repos["org/hugeconfig"] = Repo(files=files, commit="2" * 40)
@@ -177,14 +177,14 @@ def test_the_listing_preview_never_downloads_a_huge_config(node, hub, test_model
     assert not listing.mlx and "too large" in listing.reason, listing
 
 
-def test_a_hub_file_named_like_the_agents_partial_file_cannot_take_its_place(node, hub, test_model_dir):
+def test_a_hub_file_named_like_the_agents_partial_file_cannot_take_its_place(start_node, hub, test_model_dir):
     """Issue 20, item 8: a hub file `x.part` collided with the agent's own partial file of `x`;
     the job reported done with the file missing. Such a name is skipped from the listing (the
     agent's partial files own it): the model arrives whole, the stray file is never fetched."""
     repo = repo_from_dir(test_model_dir, "parts")
     repo.files["model.safetensors.part"] = b"not the agent's partial file"
     hub.repos["org/parts"] = repo
-    b = node()
+    b = start_node()
     b.client.fetch("parts", {"kind": "hf", "repo_id": "org/parts"})
     done = b.client.wait_download("parts", timeout=60)
     assert done.state == "done", done

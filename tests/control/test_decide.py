@@ -36,19 +36,18 @@ from orchestrator.control.state import (
 )
 from orchestrator.control.transitions import apply
 from orchestrator.planner import Plan, Refusal
+from tests.support.builders import GIB, node, session
 from tests.support.control_states import (
     BASE,
     FAULT,
-    GIB,
+    HELD,
     MODEL,
     PREPARED,
     SERVING,
     SHOWN,
     effect_types,
     kinds,
-    node,
     prepared,
-    session,
     with_session,
 )
 
@@ -64,13 +63,13 @@ REFUSED = [
     ("preview an unknown model", BASE, PreviewPlan("other", ("n0", "n1")), "no registered node has a model"),
     ("preview on an unknown node", BASE, PreviewPlan(MODEL, ("n0", "n9")), "not registered"),
     ("launch unprepared", BASE, LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0), "prepare the model"),
-    ("launch on nodes not prepared", PREPARED.model_copy(update={"nodes": (node(0), node(1), node(1).model_copy(
+    ("launch on nodes not prepared", PREPARED.model_copy(update={"nodes": (*BASE.nodes, BASE.nodes[1].model_copy(
         update={"id": "n2"}))}), LaunchCluster(MODEL, ("n0", "n2"), "s2", 5.0), "prepare the model"),
     ("launch still preparing", BASE.model_copy(update={"preparation": prepared(False)}),
      LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0), "prepare the model"),
     ("single on an unknown node", BASE, LaunchSingle(MODEL, "n9", "s2", 5.0), "not registered"),
     ("single of an unknown model", BASE, LaunchSingle("other", "n0", "s2", 5.0), "no registered node has"),
-    ("session on an unregistered node", BASE.model_copy(update={"nodes": (node(0),)}),
+    ("session on an unregistered node", BASE.model_copy(update={"nodes": BASE.nodes[:1]}),
      LaunchSession(session("s2"), MODEL, 5.0), "'n1' is not registered"),
     ("session name already live", SERVING, LaunchSession(session("s2"), MODEL, 5.0), "already live"),
     ("launch what the nodes already serve", SERVING, LaunchCluster(MODEL, ("n1", "n0"), "s2", 5.0),
@@ -91,7 +90,7 @@ def test_a_refused_command_changes_nothing_and_says_why(state, command, message)
 # --- accepted commands: their events and effects ----------------------------------------------
 ACCEPTED = [
     ("settings", BASE, UpdateSettings(Settings(auto_restart=False)), ["settings_changed"], []),
-    ("add a node", BASE, AddNode(node(1).model_copy(update={"id": "n7"})), ["node_registered"], []),
+    ("add a node", BASE, AddNode(BASE.nodes[1].model_copy(update={"id": "n7"})), ["node_registered"], []),
     ("remove an idle node", SERVING.model_copy(update={"sessions": ()}), RemoveNode("n1"), ["node_removed"], []),
     ("prepare", BASE, PrepareModel(MODEL, ("n0", "n1")), [], ["RunPreparation"]),
     ("prepare again once finished", PREPARED, PrepareModel(MODEL, ("n0",)), [], ["RunPreparation"]),
@@ -118,6 +117,15 @@ ACCEPTED = [
     ("repair a culprit seen after a restart", SERVING, ResumeSession("s1", "running", "stage-1 exited", ("stage-1",),
                                                                      9.0), ["session_faulted"], []),
     ("re-adopt a serving session", SERVING, ResumeSession("s1", "running", "", (), 9.0), [], ["Readopt"]),
+    ("relaunch a session whose every stage ended while the dashboard was away", SERVING,
+     ResumeSession("s1", "running", "stage-0 ended", ("coordinator",), 9.0, gone=("stage-0", "stage-1")),
+     ["session_faulted"], []),
+    ("repair only what is gone while a stage still runs", SERVING,
+     ResumeSession("s1", "running", "stage-1 ended", ("stage-1",), 9.0, gone=("stage-1",)), ["session_faulted"], []),
+    ("clean up a session found gone with restarts off", SERVING.model_copy(update={"settings": Settings(
+        auto_restart=False)}), ResumeSession("s1", "running", "stage-0 ended", ("stage-0", "stage-1"), 9.0,
+                                             gone=("stage-0", "stage-1", "coordinator")),
+     ["health_changed"], ["StartTeardown"]),
     ("clean up without a culprit", SERVING, ResumeSession("s1", "running", "coordinator odd", (), 9.0),
      ["health_changed"], ["StartTeardown"]),
     ("clean up with restarts off", SERVING.model_copy(update={"settings": Settings(auto_restart=False)}),
@@ -151,7 +159,8 @@ def test_a_preview_shows_what_was_asked_and_the_typed_answer():
 
 
 def test_a_launch_the_planner_refuses_shows_the_refusal_then_is_refused():
-    tight = PREPARED.model_copy(update={"nodes": (node(0, 300 << 20), node(1, 300 << 20))})
+    tight = PREPARED.model_copy(update={"nodes": (node("node-a", 300 << 20, models=HELD),
+                                                  node("node-b", 300 << 20, models=HELD))})
     decision = decide(tight, LaunchCluster(MODEL, ("n0", "n1"), "s2", 5.0))
     assert kinds(decision) == ["plan_previewed"] and decision.effects == ()
     assert isinstance(decision.events[0].plan.result, Refusal)
@@ -196,7 +205,7 @@ def test_a_single_node_session_is_bounded_to_what_its_memory_check_counted():
     (int(1.5 * GIB), 4096, 4, False),
 ])
 def test_a_single_node_session_that_does_not_fit_is_refused_with_the_numbers(free, context, concurrency, refused):
-    st = BASE.model_copy(update={"nodes": (node(0, free), node(1))})
+    st = BASE.model_copy(update={"nodes": (node("node-a", free, models=HELD), BASE.nodes[1])})
     command = LaunchSingle(MODEL, "n0", "s2", 5.0, context_length=context, concurrency=concurrency)
     if not refused:
         assert decide(st, command).events[0].kind == "session_created"
@@ -226,6 +235,29 @@ def test_a_fault_seen_after_a_restart_is_reported_as_such():
     assert decide(SERVING, ResumeSession("s1", "running", "", (), 9.0)).effects == (Readopt(session()),)
     prep = decide(BASE, PrepareModel(MODEL, ("n0",)))
     assert prep.effects == (RunPreparation(MODEL, ("n0",), None),)
+
+
+def test_a_session_whose_stages_all_ended_during_a_restart_is_relaunched_whole_in_launch_order():
+    """Issue 38 item 1: the restarted dashboard once saw the stages alive (their leases about to
+    lapse) and replaced the coordinator alone, which waited for stages that no longer existed.
+    Every stage gone: every process starts again, stages first, under the same plan, and the
+    timeline says it is a relaunch after the restart."""
+    command = ResumeSession("s1", "running", "stage-0 ended (lease expired)", ("stage-0", "coordinator"), 9.0,
+                            gone=("stage-1", "stage-0"))
+    [fault] = decide(SERVING, command).events
+    assert fault.processes == ("stage-0", "stage-1", "coordinator") and fault.relaunch, fault
+    assert "relaunched after a dashboard restart" in fault.reason and "lease expired" in fault.reason
+    after = apply(SERVING, fault)
+    s = after.session("s1")
+    assert s.phase == "recovering" and "the same plan" in s.reason and s.faults[-1].relaunch
+    steps = [st for st in s.timeline if st.key.startswith("recovery-1.1.")]
+    assert all(st.label.startswith("Relaunch after the dashboard's restart: ") for st in steps), steps
+    assert [st.key.removeprefix("recovery-1.1.") for st in steps] == [
+        "stage-0.stop", "stage-1.stop", "coordinator.stop", "stage-0.start", "stage-0.listen", "stage-1.start",
+        "stage-1.listen", "coordinator.start", "coordinator.healthy", "router.register"]
+    assert _react(SERVING, fault) == (StartRecovery(s),)
+    done = apply(after, ev.SessionRecovered(session_id="s1", seconds=4.0)).session("s1")
+    assert done.health == "Healthy" and done.reason.startswith("relaunched after a dashboard restart")
 
 
 # --- react: what follows from an applied event ------------------------------------------------

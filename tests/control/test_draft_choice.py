@@ -14,8 +14,8 @@ from orchestrator.control.decide import decide
 from orchestrator.control.state import Settings
 from orchestrator.models.kv import LayerCache
 from orchestrator.planner import Plan, PlanSettings, kv_cache_bytes
-from tests.planner.support import llama
 from tests.support.control_states import BASE, DRAFT, MODEL, PREPARED, SMALL, draft_info, with_models
+from tests.support.planner_inputs import llama
 
 
 def _plan(state, draft=None) -> Plan:

@@ -34,10 +34,11 @@ from orchestrator.control.launcher import Timeouts
 from orchestrator.control.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
 from orchestrator.control.ports import Ports
 from orchestrator.control.secrets import SecretStore
-from orchestrator.control.state import Fault, Session, StagePlacement, State
+from orchestrator.control.state import Fault, State
 from orchestrator.proc import wait_until
 from orchestrator.proc.clock import SYSTEM_CLOCK
 from orchestrator.registrar import RegistrarError, RouteState
+from tests.support.builders import session
 
 SETTLE_S = 20.0  # a worker thread's time to report, on a loaded machine
 
@@ -132,17 +133,13 @@ class World:
         return wait_until(found, SETTLE_S, 0.01, message=f"a {kind.__name__} {fields or ''}")
 
 
-def session(sid: str = "s1") -> Session:
-    """A one-stage session on node n0, coordinator beside it."""
-    stage = StagePlacement(index=0, node_id="n0", node_name="node-a", first_layer=0, last_layer=3,
-                           host="127.0.0.1", port=39601)
-    return Session(id=sid, name=f"tiny-{sid}", model_id="tiny", model_name="tiny", cluster=True, stages=(stage,),
-                   coordinator_node="n0", coordinator_host="127.0.0.1", coordinator_port=39610)
+# a one-stage session on node n0, coordinator beside it
+ONE_STAGE = session(phase="launching", name="tiny-s1", model="tiny", splits=((0, 3),), host="127.0.0.1")
 
 
 def test_start_launch_reports_the_failed_step_and_the_end(tmp_path: Path) -> None:
     w = World(tmp_path, agent=FakeAgent(fail=AgentError(0, "agent unreachable")))
-    w.runner.run((StartLaunch(session(), "tiny"),))
+    w.runner.run((StartLaunch(ONE_STAGE, "tiny"),))
     w.posted(ev.LaunchStepped, key="stage-0.start", state="failed")
     assert w.posted(ev.LaunchEnded, session_id="s1").cancelled is False
     assert w.secrets.get("s1")  # kept for a replaced stage to rejoin with
@@ -151,7 +148,7 @@ def test_start_launch_reports_the_failed_step_and_the_end(tmp_path: Path) -> Non
 
 def test_cancel_work_cancels_the_sessions_launch(tmp_path: Path) -> None:
     w = World(tmp_path)
-    w.runner.run((CancelWork("s1"), StartLaunch(session(), "tiny")))
+    w.runner.run((CancelWork("s1"), StartLaunch(ONE_STAGE, "tiny")))
     assert w.posted(ev.LaunchEnded, session_id="s1").cancelled is True
     assert ("start", "stage-0") not in w.agent.calls
 
@@ -159,7 +156,7 @@ def test_cancel_work_cancels_the_sessions_launch(tmp_path: Path) -> None:
 def test_start_teardown_deregisters_first_then_stops_every_process(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.secrets.put("s1", "x" * 32)
-    w.runner.run((StartTeardown(session(), "Stopped", "stopped"),))
+    w.runner.run((StartTeardown(ONE_STAGE, "Stopped", "stopped"),))
     w.posted(ev.SessionRemoved, session_id="s1")
     assert w.registrar.deregistered == ["tiny-s1"]
     assert w.agent.calls == [("stop", "coordinator"), ("stop", "stage-0")]  # newest first
@@ -169,7 +166,7 @@ def test_start_teardown_deregisters_first_then_stops_every_process(tmp_path: Pat
 
 def test_start_recovery_without_the_secret_fails_for_good(tmp_path: Path) -> None:
     w = World(tmp_path)
-    broken = session().model_copy(update={"recovery_attempt": 1, "phase": "recovering",
+    broken = ONE_STAGE.model_copy(update={"recovery_attempt": 1, "phase": "recovering",
                                           "faults": (Fault(at=1.0, processes=("stage-0",), reason="exited"),)})
     w.runner.run((StartRecovery(broken),))
     failed = w.posted(ev.RecoveryFailed, session_id="s1")
@@ -195,7 +192,7 @@ def test_measure_after_preview_of_unknown_nodes_measures_nothing(tmp_path: Path)
 @pytest.mark.parametrize("fail", [False, True])
 def test_readopt_registers_by_name_or_hands_the_failure_to_decide(tmp_path: Path, fail: bool) -> None:
     w = World(tmp_path, registrar=FakeRegistrar(fail=fail))
-    w.runner.run((Readopt(session()),))
+    w.runner.run((Readopt(ONE_STAGE),))
     if fail:
         wait_until(lambda: w.submitted, SETTLE_S, message="a ResumeSession")
         [resume] = w.submitted
@@ -209,7 +206,7 @@ def test_readopt_is_healthy_only_once_the_router_routes_to_it(tmp_path: Path) ->
     starting = RouteState(False, "starting")
     w = World(tmp_path, registrar=FakeRegistrar(router_url="http://router", states=(starting, starting,
                                                                                     RouteState(True, "healthy"))))
-    w.runner.run((Readopt(session()),))
+    w.runner.run((Readopt(ONE_STAGE),))
     assert w.posted(ev.HealthChanged, session_id="s1").health == "Healthy"
     assert w.registrar.looks == 3  # not Healthy while the router still said "starting"
 
@@ -217,7 +214,7 @@ def test_readopt_is_healthy_only_once_the_router_routes_to_it(tmp_path: Path) ->
 def test_readopt_hands_a_router_that_never_routes_to_decide_with_what_it_said(tmp_path: Path) -> None:
     w = World(tmp_path, registrar=FakeRegistrar(router_url="http://router:8000",
                                                 states=(RouteState(False, "unhealthy", "HTTP 404: nope"),)))
-    w.runner.run((Readopt(session()),))
+    w.runner.run((Readopt(ONE_STAGE),))
     wait_until(lambda: w.submitted, SETTLE_S, message="a ResumeSession")
     [resume] = w.submitted
     assert isinstance(resume, ResumeSession)

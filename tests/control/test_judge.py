@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control.coordinator_client import HealthLook, read_health
-from orchestrator.control.state import Session, StagePlacement
 from orchestrator.control.watcher import judge
 from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
-
-
-def _session() -> Session:
-    stages = tuple(StagePlacement(index=k, node_id=f"n{k}", node_name=f"node-{k}", first_layer=2 * k,
-                                  last_layer=2 * k + 1, host="127.0.0.1", port=40000 + k) for k in range(2))
-    return Session(id="s1", name="c", model_id="m", model_name="m", cluster=True, stages=stages,
-                   coordinator_node="n0", coordinator_host="127.0.0.1", coordinator_port=40010)
+from tests.support.sessions import running_session
 
 
 def _alive(name: str, port: int) -> ProcessInfo:
@@ -33,15 +26,15 @@ def _health(status: str, reason: str = "", state: str = "up") -> HealthLook:
 
 
 def test_a_coordinator_re_probing_by_itself_is_not_a_fault():
-    _, problem, culprits = judge(_session(), _processes(), _health("warming", "probing the pipeline"))
+    _, problem, culprits = judge(running_session(), _processes(), _health("warming", "probing the pipeline"))
     assert problem == "" and culprits == ()
 
 
 def test_a_failed_probe_names_its_stage_and_a_lost_stage_is_its_own_culprit():
-    _, problem, culprits = judge(_session(), _processes(),
+    _, problem, culprits = judge(running_session(), _processes(),
                                  _health("unhealthy", "probe generation failed: stage-1: cannot compute"))
     assert "unhealthy" in problem and culprits == ("stage-1",)
-    _, problem, culprits = judge(_session(), _processes(), _health("unhealthy", "stage-1 lost", state="down"))
+    _, problem, culprits = judge(running_session(), _processes(), _health("unhealthy", "stage-1 lost", state="down"))
     assert culprits == ("stage-1",), (problem, culprits)
 
 
@@ -52,14 +45,14 @@ def test_a_full_server_is_busy_never_a_verdict_and_never_a_fault():
                b'"type": "rate_limit_error", "param": null, "code": "too_many_connections"}}')
     look = read_health(429, refusal)
     assert look.busy and look.report is None and look.answered
-    _, problem, culprits = judge(_session(), _processes(), look)
+    _, problem, culprits = judge(running_session(), _processes(), look)
     assert problem == "" and culprits == ()
     # Any other JSON is no verdict either: silence, which the watcher confirms before acting.
     for status, body in ((200, b'{"status": "ready"}'), (503, b'{"error": {"message": "x", "type": "y"}}'),
                          (200, b'{"status": "ready", "ready": false}'), (502, b"<html>"), (200, b"[1, 2]")):
         look = read_health(status, body)
         assert look.report is None and not look.busy, (status, body)
-        _, problem, culprits = judge(_session(), _processes(), look)
+        _, problem, culprits = judge(running_session(), _processes(), look)
         assert "coordinator unreachable" in problem and culprits == ("coordinator",)
     ok = read_health(200, HealthReport(status="ready", ready=True).model_dump_json().encode())
     assert ok.report is not None and ok.report.status == "ready"
@@ -84,11 +77,11 @@ def test_a_post_mortem_keeps_the_exit_status_the_stop_observed():
 def test_the_coordinators_speculation_counts_go_to_the_last_stage_only():
     """Speculative decoding is verified on the last stage: its card shows the coordinator's counts."""
     look = _health("ready")
-    statuses, _, _ = judge(_session(), _processes(), look)
+    statuses, _, _ = judge(running_session(), _processes(), look)
     assert [s.speculation for s in statuses] == [None, None]  # the cluster does not speculate
     spec = {"max_drafts": 4, "passes": 10, "drafted": 30, "accepted": 12, "refused": False, "refusal": None}
     look = read_health(200, HealthReport(status="ready", ready=True, stages=look.report.stages,
                                          speculation=spec).model_dump_json().encode())
-    statuses, problem, _ = judge(_session(), _processes(), look)
+    statuses, problem, _ = judge(running_session(), _processes(), look)
     assert problem == "" and statuses[0].speculation is None
     assert statuses[1].speculation is not None and statuses[1].speculation.model_dump() == spec

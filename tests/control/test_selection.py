@@ -15,9 +15,10 @@ from orchestrator.control.selection import (
     preparation_matches,
 )
 from orchestrator.control.state import NodePreparation, Preparation, State
-from tests.webapp.states import node, plan
+from tests.support.builders import node
+from tests.support.view_states import plan
 
-NODES = (node("node-a", "n0", ["smol", "tiny"]), node("node-b", "n1", []), node("node-c", "n2", []))
+NODES = (node("node-a", models=["smol", "tiny"]), node("node-b"), node("node-c"))
 
 
 def prepared(model: str = "smol", nodes: tuple[str, ...] = ("n0", "n1"), finished: bool = True,
@@ -83,7 +84,7 @@ def test_why_launch_waits(st, chosen, expected):
 
 
 def test_a_running_cluster_of_the_model_on_a_chosen_node_blocks_launch():
-    from tests.webapp.states import cluster
+    from tests.support.view_states import cluster
 
     st = state(prepared()).model_copy(update={"sessions": (cluster(),)})
     assert launch_blocker(st, SMOL_AB).startswith("node-a and node-b already serve smol")

@@ -12,7 +12,7 @@ from orchestrator.control.state import NodePreparation, Preparation, State
 from orchestrator.control.store import load, save
 from orchestrator.control.transitions import apply
 from orchestrator.control.verification import fingerprint, verified_copy, verified_holders
-from tests.webapp.states import node
+from tests.support.builders import node
 
 
 def manifest(sha: str = "a" * 64) -> Manifest:
@@ -29,7 +29,7 @@ def reported(state: State, node_id: str, models: dict[str, Manifest | None]) -> 
 
 
 def base() -> State:
-    s = State(nodes=(node("node-a", "n0", ["smol"]), node("node-b", "n1", ["smol"])))
+    s = State(nodes=(node("node-a", models=["smol"]), node("node-b", models=["smol"])))
     return reported(reported(s, "n0", {"smol": manifest()}), "n1", {"smol": manifest()})
 
 

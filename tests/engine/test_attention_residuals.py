@@ -12,7 +12,7 @@ import pytest
 from orchestrator.engine import support
 from orchestrator.engine.stage import carry
 from orchestrator.engine.stage.shard import StageModel
-from tests.engine.harness import assert_same, reference, split_in_process
+from tests.support.engine_harness import assert_same, reference, split_in_process
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 TOKENS = 16

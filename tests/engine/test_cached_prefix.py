@@ -18,9 +18,9 @@ from mlx_lm.models.cache import can_trim_prompt_cache
 
 from orchestrator.engine.stage.faults import Faults
 from orchestrator.testmodels.families import FAMILIES
-from tests.engine.cache_rig import CachedRig, whole
-from tests.engine.harness import assert_same, reference, two_stages
 from tests.support import matrix
+from tests.support.cache_rig import CachedRig, whole
+from tests.support.engine_harness import assert_same, reference, two_stages
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 CHUNK = 16

@@ -14,7 +14,7 @@ import signal
 
 from orchestrator.engine.coordinator.pipeline import GenerationParams
 from orchestrator.proc import wait_until
-from tests.engine.harness import TOP, InTestCoordinator
+from tests.support.engine_harness import TOP, InTestCoordinator
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(60)]
 TOKENS = 6

@@ -12,7 +12,7 @@ import requests
 
 from orchestrator.engine.config import ClusterSpec
 from orchestrator.proc import wait_until
-from tests.engine.harness import reference
+from tests.support.engine_harness import reference
 from tests.support.tokenizers import with_swapped_tokens
 
 PROMPT = [9, 8, 7, 3, 200, 41]

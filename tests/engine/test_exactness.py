@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.engine.stage.shard import StageModel
-from tests.engine.harness import InTestCoordinator, assert_same, reference, split_in_process
+from tests.support.engine_harness import InTestCoordinator, assert_same, reference, split_in_process
 
 SHORT = [5, 17, 101, 33, 7]
 LONG = [(i * 37 + 11) % 500 for i in range(40)]

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from orchestrator.proc import WaitTimeout, wait_until
-from tests.engine.harness import InTestCoordinator
+from tests.support.engine_harness import InTestCoordinator
 
 
 def _stream_until_failure(url: str, body: dict, first_chunk: threading.Event, result: dict) -> None:

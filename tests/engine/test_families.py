@@ -24,8 +24,8 @@ from orchestrator.engine import support
 from orchestrator.engine.stage import stand_ins as stubs
 from orchestrator.engine.stage.shard import ShardError, StageModel
 from orchestrator.testmodels.families import FAMILIES
-from tests.engine.harness import InTestCoordinator, assert_same, reference, split_in_process
 from tests.support import matrix
+from tests.support.engine_harness import InTestCoordinator, assert_same, reference, split_in_process
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 TOKENS = 16
@@ -91,7 +91,7 @@ def test_batched_decode_is_bit_identical_for_every_family(tmp_path):
     for bit (the stage's batching, not the BLAS, is what this checks), and every family's
     decode steps really run batched (gemma2 and MLA through support.ROW_ATTENTION)."""
     env = {**os.environ, "PIPESERVE_BLAS": "reference"}
-    out = subprocess.run([sys.executable, "-m", "tests.engine.batch_check", str(tmp_path), *NAMES],
+    out = subprocess.run([sys.executable, "-m", "tests.support.batch_check", str(tmp_path), *NAMES],
                          capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).parents[2])
     assert out.returncode == 0, out.stderr[-3000:]
     results = {r["family"]: r for r in map(json.loads, out.stdout.splitlines())}

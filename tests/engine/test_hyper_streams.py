@@ -22,7 +22,7 @@ from orchestrator.models.decoder_config import decoder_view
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import PlanSettings
 from orchestrator.planner.memory import StageCosts
-from tests.engine.harness import assert_same, reference, split_in_process
+from tests.support.engine_harness import assert_same, reference, split_in_process
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 TOKENS = 16

@@ -25,8 +25,8 @@ from orchestrator.engine.config import parse_layers
 from orchestrator.models.decoder_config import ModelConfigError, decoder_facts
 from orchestrator.planner import Plan, PlanSettings, plan_cluster
 from orchestrator.testmodels.families import FAMILIES, build_family_model
-from tests.engine.harness import reference
-from tests.planner.support import GB, nodes
+from tests.support.builders import GB, facts_for
+from tests.support.engine_harness import reference
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(24)]
 TOKENS = 8
@@ -66,7 +66,7 @@ def test_published_layout_serves_through_agent_planner_and_coordinator(tmp_path:
     assert info.mlx_format and info.supported, (info.reason, info.unsupported_reason)
     assert info.num_layers == len(spec.layers) == info.description.num_layers
     settings = PlanSettings(context_length=512, max_concurrent_sequences=2)
-    plan = plan_cluster(info.description, nodes(8 * GB, 8 * GB, 8 * GB), settings)  # the planner
+    plan = plan_cluster(info.description, facts_for(8 * GB, 8 * GB, 8 * GB), settings)  # the planner
     assert isinstance(plan, Plan), plan
     splits = [parse_layers(s.layers) for s in plan.stages]
     assert len(splits) == 3 and splits[-1][1] == len(spec.layers)

@@ -18,7 +18,7 @@ from orchestrator.engine import support
 from orchestrator.engine.stage.shard import ShardError, StageModel
 from orchestrator.planner import PlanSettings, Refusal, plan_cluster
 from orchestrator.testmodels.families import FAMILIES, build_family_model
-from tests.planner.support import GB, nodes
+from tests.support.builders import GB, facts_for
 
 MODELS = Path(mlx_lm.__file__).parent / "models"
 # Words that name a mechanism (or the proof that is impossible) in a refusal.
@@ -59,7 +59,7 @@ def test_the_refusal_reason_reaches_the_agent_planner_and_stage(tmp_path: Path, 
     (model / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
     info = Inventory(models, tmp_path / "cache.json", logs.get("test")).describe(model_type)
     assert not info.supported and fragment in info.unsupported_reason
-    plan = plan_cluster(info.description, nodes(8 * GB, 8 * GB), PlanSettings(), model_name=model_type,
+    plan = plan_cluster(info.description, facts_for(8 * GB, 8 * GB), PlanSettings(), model_name=model_type,
                         mlx_format=info.mlx_format, format_reason=info.reason,
                         unsupported_reason=info.unsupported_reason)
     assert isinstance(plan, Refusal) and fragment in plan.reasons[0].message

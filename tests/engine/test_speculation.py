@@ -24,7 +24,7 @@ import requests
 from orchestrator.engine.coordinator.pipeline import GenerationParams
 from orchestrator.engine.stage.shard import ModelInfo
 from orchestrator.proc import wait_until
-from tests.engine.harness import InTestCoordinator, reference
+from tests.support.engine_harness import InTestCoordinator, reference
 
 REPEAT = [5, 17, 101, 33, 7, 250, 9] * 4
 CODE = [(i * 13 + 5) % 300 for i in range(24)] * 2 + [(i * 13 + 5) % 300 for i in range(6)]

@@ -21,7 +21,7 @@ from orchestrator.engine.stage.sampling import Sampler
 from orchestrator.engine.stage.shard import ModelInfo, StageModel
 from orchestrator.engine.stage.speculate import verify
 from orchestrator.testmodels.families import FAMILIES
-from tests.engine.harness import reference, two_stages
+from tests.support.engine_harness import reference, two_stages
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 CHUNK = 16

@@ -46,7 +46,7 @@ from orchestrator.engine.wire import (
     Kind,
 )
 from orchestrator.proc import WaitTimeout, wait_until
-from tests.engine.harness import InTestCoordinator, assert_same, reference
+from tests.support.engine_harness import InTestCoordinator, assert_same, reference
 
 SPLITS = [(0, 1), (2, 3)]
 LIMIT = 64 * 1024  # max_frame_bytes of the cluster under test: small, so both sides of it are cheap to reach

@@ -21,7 +21,7 @@ from orchestrator.engine.local_pipeline import LocalPipeline
 from orchestrator.proc import free_port, wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from orchestrator.testmodels.tools import TOOL_CALL_TOKENS
-from tests.engine.reference_server import ReferenceServer, ask
+from tests.support.reference_server import ReferenceServer, ask
 from tests.support.router import RouterProc, write_yaml
 from tests.support.tool_requests import ASK, EOS, HISTORY, ONE_CALL, TIME, TOOLS, TWO_CALLS, WEATHER
 

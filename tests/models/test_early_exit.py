@@ -14,7 +14,7 @@ from mlx_lm.utils import load_model
 
 from orchestrator.engine.coordinator.draft_model import DraftModel
 from orchestrator.models.early_exit import DraftBuildError, make_early_exit_draft
-from tests.engine.harness import reference
+from tests.support.engine_harness import reference
 
 
 def test_a_cut_keeps_the_first_layers_and_the_head_byte_for_byte(model_factory, tmp_path):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from orchestrator.agent.device_memory import HostMemory, cuda_memory, host_memory, metal_memory, parse_nvidia_smi
 from orchestrator.agent.device_schemas import Memory, Runtime
-from orchestrator.agent.schemas import Accelerator, Ports, Report
+from orchestrator.agent.schemas import Accelerator, Report
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, plan_cluster
 from orchestrator.planner.facts import node_facts_from_report
 from tests.agent.test_device_memory import CUDA_INFO, METAL_INFO
-from tests.planner.support import llama
+from tests.support.builders import report
+from tests.support.planner_inputs import llama
 
 GiB = 1 << 30
 # 32 layers of hidden 4096 in bfloat16: ~14 GiB of weights (a Llama-3-8B-like model)
@@ -32,15 +33,11 @@ CUDA_RT = Runtime(backend="cuda", package="mlx-cuda-13 0.32.4", mlx="0.32.4", ml
 METAL_RT = Runtime(backend="metal", package="mlx-metal 0.32.4", mlx="0.32.4", mlx_lm="0.32.2")
 
 
-def report(name: str, memory: Memory, runtime: Runtime | None, family: str = "linux-cuda") -> Report:
-    """A node's report as the agent sends it (no models: the planner is given the description)."""
+def probed(name: str, memory: Memory, runtime: Runtime | None, family: str = "linux-cuda") -> Report:
+    """A node's report of what its probes found (no models: the planner is given the description)."""
     rt = runtime or CPU_RT
-    ports = Ports(start=39600, end=39629, free=list(range(39600, 39630)))
-    return Report(name=name, fingerprint=f"fp-{name}", version="0.1.0",
-                  accelerator=Accelerator(family=family, detail=""),
-                  versions={"pipeserve": "0.1.0", "mlx": rt.mlx, "mlx_lm": rt.mlx_lm}, platform={}, memory=memory,
-                  runtime=runtime, disk_free_bytes=10**12, transport_ports=ports, models=[], processes=[],
-                  downloads=[])
+    return report(name, memory=memory, runtime=runtime, accelerator=Accelerator(family=family, detail=""),
+                  versions={"pipeserve": "0.1.0", "mlx": rt.mlx, "mlx_lm": rt.mlx_lm}, platform={}, disk=10**12)
 
 
 def plan(*reports: Report) -> Plan | Refusal:
@@ -48,9 +45,9 @@ def plan(*reports: Report) -> Plan | Refusal:
 
 
 def test_a_model_that_fits_the_hosts_ram_is_refused_on_cuda_nodes_whose_gpus_it_does_not_fit():
-    on_ram = plan(*(report(n, host_memory(HOST_64G, None, 0), CPU_RT) for n in ("a", "b")))
+    on_ram = plan(*(probed(n, host_memory(HOST_64G, None, 0), CPU_RT) for n in ("a", "b")))
     assert isinstance(on_ram, Plan)  # what the OS figure would have promised
-    gpus = [report(n, cuda_memory(CUDA_INFO, None, SMALL_GPU, HOST_64G, None, 0), CUDA_RT) for n in ("a", "b")]
+    gpus = [probed(n, cuda_memory(CUDA_INFO, None, SMALL_GPU, HOST_64G, None, 0), CUDA_RT) for n in ("a", "b")]
     refused = plan(*gpus)
     assert isinstance(refused, Refusal)
     assert [r.code for r in refused.reasons] == [RefusalCode.MODEL_TOO_LARGE]
@@ -59,7 +56,7 @@ def test_a_model_that_fits_the_hosts_ram_is_refused_on_cuda_nodes_whose_gpus_it_
 
 def test_a_cuda_plan_shows_the_gpu_memory_in_its_bars():
     big = parse_nvidia_smi("NVIDIA H100 80GB HBM3, 81559, 2048, 79511\n")[0]
-    gpus = [report(n, cuda_memory(CUDA_INFO, 70 * GiB, big, HOST_64G, None, 0), CUDA_RT) for n in ("a", "b")]
+    gpus = [probed(n, cuda_memory(CUDA_INFO, 70 * GiB, big, HOST_64G, None, 0), CUDA_RT) for n in ("a", "b")]
     result = plan(*gpus)
     assert isinstance(result, Plan)
     assert {s.memory_kind for s in result.stages} == {"cuda"}
@@ -68,11 +65,11 @@ def test_a_cuda_plan_shows_the_gpu_memory_in_its_bars():
 
 def test_a_mac_plan_is_bounded_by_the_metal_working_set_not_vm_stat():
     vm = HostMemory(total=16 * GiB, available=14 * GiB)
-    macs = [report(n, metal_memory(MAC_16G, vm, None, 0), METAL_RT, "apple-silicon") for n in ("a", "b")]
+    macs = [probed(n, metal_memory(MAC_16G, vm, None, 0), METAL_RT, "apple-silicon") for n in ("a", "b")]
     facts = [node_facts_from_report(r) for r in macs]
     assert all(f.free_bytes == int(10.67 * GiB) and f.memory_kind == "metal" for f in facts)
     tight = PlanSettings(context_length=4096, max_concurrent_sequences=16)  # ~19.6 GiB: < 28 GiB of RAM, > 21.3
-    assert isinstance(plan_cluster(MODEL, [node_facts_from_report(report(n, host_memory(vm, None, 0), METAL_RT,
+    assert isinstance(plan_cluster(MODEL, [node_facts_from_report(probed(n, host_memory(vm, None, 0), METAL_RT,
                                                                          "apple-silicon")) for n in "ab"], tight),
                       Plan)
     refused = plan_cluster(MODEL, facts, tight)
@@ -80,8 +77,8 @@ def test_a_mac_plan_is_bounded_by_the_metal_working_set_not_vm_stat():
 
 
 def test_mixed_backends_on_one_accelerator_family_are_refused_before_planning():
-    cuda = report("a", cuda_memory(CUDA_INFO, None, None, HOST_64G, None, 0), CUDA_RT)
-    cpu_on_gpu_box = report("b", host_memory(HOST_64G, None, 0), CPU_RT)  # mlx[cpu] on an NVIDIA machine
+    cuda = probed("a", cuda_memory(CUDA_INFO, None, None, HOST_64G, None, 0), CUDA_RT)
+    cpu_on_gpu_box = probed("b", host_memory(HOST_64G, None, 0), CPU_RT)  # mlx[cpu] on an NVIDIA machine
     refused = plan(cuda, cpu_on_gpu_box)
     assert isinstance(refused, Refusal)
     assert [(r.code, r.node_id) for r in refused.reasons] == [(RefusalCode.MIXED_BACKENDS, "b")]
@@ -92,10 +89,10 @@ def test_mixed_backends_on_one_accelerator_family_are_refused_before_planning():
 def test_mixed_cuda_wheels_and_mixed_mlx_versions_are_refused():
     mem = cuda_memory(CUDA_INFO, None, None, HOST_64G, None, 0)
     cuda12 = CUDA_RT.model_copy(update={"package": "mlx-cuda-12 0.32.4"})
-    refused = plan(report("a", mem, CUDA_RT), report("b", mem, cuda12))
+    refused = plan(probed("a", mem, CUDA_RT), probed("b", mem, cuda12))
     assert [r.code for r in refused.reasons] == [RefusalCode.MIXED_BACKENDS]  # type: ignore[union-attr]
     older = CUDA_RT.model_copy(update={"mlx": "0.32.3", "package": "mlx-cuda-13 0.32.3"})
-    refused = plan(report("a", mem, CUDA_RT), report("b", mem, CUDA_RT), report("c", mem, older))
+    refused = plan(probed("a", mem, CUDA_RT), probed("b", mem, CUDA_RT), probed("c", mem, older))
     assert isinstance(refused, Refusal)
     assert [(r.code, r.node_id) for r in refused.reasons] == [(RefusalCode.MIXED_BACKENDS, "c"),
                                                                 (RefusalCode.MIXED_ENGINE_VERSIONS, "c")]
@@ -103,8 +100,8 @@ def test_mixed_cuda_wheels_and_mixed_mlx_versions_are_refused():
 
 
 def test_mixed_families_name_the_family_and_the_backend():
-    mac = report("a", metal_memory(METAL_INFO, HOST_64G, None, 0), METAL_RT, "apple-silicon")
-    gpu = report("b", cuda_memory(CUDA_INFO, None, None, HOST_64G, None, 0), CUDA_RT)
+    mac = probed("a", metal_memory(METAL_INFO, HOST_64G, None, 0), METAL_RT, "apple-silicon")
+    gpu = probed("b", cuda_memory(CUDA_INFO, None, None, HOST_64G, None, 0), CUDA_RT)
     refused = plan(mac, gpu)
     assert [r.code for r in refused.reasons] == [RefusalCode.MIXED_ACCELERATORS,  # type: ignore[union-attr]
                                                  RefusalCode.MIXED_BACKENDS]
@@ -112,4 +109,4 @@ def test_mixed_families_name_the_family_and_the_backend():
 
 def test_an_agent_that_predates_the_runtime_report_is_compared_by_engine_version_only():
     mem = host_memory(HOST_64G, None, 0)
-    assert isinstance(plan(report("a", mem, CPU_RT, "linux-cpu"), report("b", mem, None, "linux-cpu")), Plan)
+    assert isinstance(plan(probed("a", mem, CPU_RT, "linux-cpu"), probed("b", mem, None, "linux-cpu")), Plan)

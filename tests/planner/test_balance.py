@@ -17,7 +17,8 @@ from orchestrator.planner import (
     min_max_split,
     plan_cluster,
 )
-from tests.planner.support import GB, llama, nodes, uniform
+from tests.support.builders import GB, facts_for
+from tests.support.planner_inputs import llama, uniform
 
 SETTINGS = PlanSettings(context_length=2048, max_concurrent_sequences=2)
 
@@ -27,7 +28,7 @@ def test_equal_nodes_give_the_last_stage_fewer_layers(tied: bool, dtype: str) ->
     """SmolLM2-like: the head (vocab x hidden, ~8 layers' worth) is read in full every token,
     the embedding only one row, so the last stage takes fewer layers (an even split made
     SmolLM2's last stage 1.6x slower)."""
-    plan = plan_cluster(llama(tied=tied, dtype=dtype), nodes(8 * GB, 8 * GB), SETTINGS)
+    plan = plan_cluster(llama(tied=tied, dtype=dtype), facts_for(8 * GB, 8 * GB), SETTINGS)
     assert isinstance(plan, Plan)
     assert plan.split == ((0, 18), (19, 29))
     first, last = plan.stages
@@ -48,7 +49,7 @@ def test_an_even_split_would_be_worse() -> None:
 ])
 def test_unequal_memory_shifts_layers(free: tuple[int, int], expected) -> None:
     """A node with twice the free memory gets about twice the bytes."""
-    plan = plan_cluster(llama(), nodes(*free), SETTINGS)
+    plan = plan_cluster(llama(), facts_for(*free), SETTINGS)
     assert isinstance(plan, Plan) and plan.split == expected
     big, small = sorted(plan.stages, key=lambda s: -s.free_bytes)
     assert 1.6 < big.token_bytes / small.token_bytes < 2.4
@@ -57,14 +58,14 @@ def test_unequal_memory_shifts_layers(free: tuple[int, int], expected) -> None:
 def test_more_memory_never_means_fewer_layers() -> None:
     layers = []
     for ratio in (0.25, 0.5, 1, 2, 4, 8):
-        plan = plan_cluster(llama(), nodes(int(ratio * 8 * GB), 8 * GB), SETTINGS)
+        plan = plan_cluster(llama(), facts_for(int(ratio * 8 * GB), 8 * GB), SETTINGS)
         assert isinstance(plan, Plan)
         layers.append(plan.stages[0].num_layers)
     assert layers == sorted(layers) and layers[0] < layers[-1]
 
 
 def test_three_nodes() -> None:
-    plan = plan_cluster(llama(), nodes(8 * GB, 8 * GB, 8 * GB), SETTINGS)
+    plan = plan_cluster(llama(), facts_for(8 * GB, 8 * GB, 8 * GB), SETTINGS)
     assert isinstance(plan, Plan) and plan.split == ((0, 11), (12, 24), (25, 29))
 
 
@@ -73,7 +74,7 @@ def test_headroom_before_balance() -> None:
     node 1 as long as that keeps every node under it."""
     costs = StageCosts(llama(), SETTINGS)
     free = math.ceil(costs.total_bytes(0, 16, runs_coordinator=True) / SETTINGS.tight_fit_fraction) + 1
-    plan = plan_cluster(llama(), nodes(free, free), SETTINGS)
+    plan = plan_cluster(llama(), facts_for(free, free), SETTINGS)
     assert isinstance(plan, Plan) and plan.split == ((0, 15), (16, 29))
     assert all(s.fit_fraction <= SETTINGS.tight_fit_fraction for s in plan.stages)
 
@@ -123,7 +124,7 @@ def test_fast_for_large_models() -> None:
     catches a planner that searches splits exhaustively."""
     model = llama(layers=400, hidden=4096, intermediate=11008, heads=32, kv_heads=8, vocab=128_000, dtype="bfloat16")
     started = time.process_time()
-    plan = plan_cluster(model, nodes(*[(40 + 5 * i) * GB for i in range(8)]), SETTINGS)
+    plan = plan_cluster(model, facts_for(*[(40 + 5 * i) * GB for i in range(8)]), SETTINGS)
     assert time.process_time() - started < 2.0
     assert isinstance(plan, Plan) and len(plan.stages) == 8
     started = time.process_time()

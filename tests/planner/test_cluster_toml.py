@@ -9,11 +9,12 @@ import pytest
 
 from orchestrator.engine.config import ClusterConfig, load_config
 from orchestrator.planner import Plan, PlanSettings, plan_cluster, plan_to_cluster_config, plan_to_cluster_toml
-from tests.planner.support import llama, node
+from tests.support.builders import facts
+from tests.support.planner_inputs import llama
 
 
 def make_plan(count: int = 2, host: str | None = "127.0.0.1", **settings: object) -> Plan:
-    plan = plan_cluster(llama(), [node(i, host=host) for i in range(count)], PlanSettings(**settings))
+    plan = plan_cluster(llama(), [facts(i, host=host) for i in range(count)], PlanSettings(**settings))
     assert isinstance(plan, Plan)
     return plan
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, WarningCode, check_split, plan_cluster
-from tests.planner.support import GB, llama, nodes
+from tests.support.builders import GB, facts_for
+from tests.support.planner_inputs import llama
 
 MODEL = llama()  # 30 layers
 
@@ -30,7 +31,7 @@ INVALID = [
 
 @pytest.mark.parametrize("case,split,stages,messages", INVALID, ids=[c[0] for c in INVALID])
 def test_invalid_manual_split_is_refused(case: str, split, stages: int, messages: list[str]) -> None:
-    result = plan_cluster(MODEL, nodes(*[8 * GB] * stages), manual(*split))
+    result = plan_cluster(MODEL, facts_for(*[8 * GB] * stages), manual(*split))
     assert isinstance(result, Refusal)
     assert set(result.codes) == {RefusalCode.INVALID_SPLIT}
     text = " | ".join(r.message for r in result.reasons)
@@ -44,17 +45,17 @@ def test_check_split_accepts_a_valid_split() -> None:
 
 
 def test_valid_manual_split_is_used_as_given() -> None:
-    plan = plan_cluster(MODEL, nodes(8 * GB, 8 * GB), manual((0, 9), (10, 29)))
+    plan = plan_cluster(MODEL, facts_for(8 * GB, 8 * GB), manual((0, 9), (10, 29)))
     assert isinstance(plan, Plan) and plan.manual and plan.split == ((0, 9), (10, 29))
     assert WarningCode.IMBALANCED in plan.warning_codes  # 10 layers against 20 and the head
 
 
 def test_manual_split_that_does_not_fit_names_the_node() -> None:
     s = manual((0, 27), (28, 29))
-    result = plan_cluster(MODEL, nodes(500_000_000, 8 * GB), s)
+    result = plan_cluster(MODEL, facts_for(500_000_000, 8 * GB), s)
     assert isinstance(result, Refusal) and result.codes == (RefusalCode.STAGE_DOES_NOT_FIT,)
     assert result.reasons[0].node_id == "n0" and result.reasons[0].missing_bytes > 0
     assert [st.layers for st in result.stages] == ["0-27", "28-29"]
     # The balancer finds a split that fits the same nodes.
-    auto = plan_cluster(MODEL, nodes(500_000_000, 8 * GB), s.model_copy(update={"manual_split": None}))
+    auto = plan_cluster(MODEL, facts_for(500_000_000, 8 * GB), s.model_copy(update={"manual_split": None}))
     assert isinstance(auto, Plan) and not auto.manual and all(st.fits for st in auto.stages)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, StageCosts, kv_cache_bytes, kv_tokens, plan_cluster
-from tests.planner.support import GB, llama, nodes, uniform
+from tests.support.builders import GB, facts_for
+from tests.support.planner_inputs import llama, uniform
 
 # 4 layers of 1000 bytes, embedding 500 (vocab 10: 50 bytes a row), norm 10, head 300;
 # KV: 2 (k, v) x 2 heads x 4 dims x 4 bytes = 64 bytes per token per layer.
@@ -33,7 +34,7 @@ def test_kv_cache_smollm2_by_hand() -> None:
     (True, 2000 + 10 + 500, 2000 + 10 + 500),  # layers, norm, and the embedding again (it is the head)
 ])
 def test_stage_rows_by_hand(tied: bool, last_weights: int, last_tokens: int) -> None:
-    plan = plan_cluster(uniform(4, tied=tied, **TOY), nodes(10**6, 10**6), SETTINGS)
+    plan = plan_cluster(uniform(4, tied=tied, **TOY), facts_for(10**6, 10**6), SETTINGS)
     assert isinstance(plan, Plan), plan
     first, last = plan.stages
     assert (first.weight_bytes, first.kv_cache_bytes, first.overhead_bytes) == (2000 + 500, KV_2_LAYERS, 150)
@@ -67,7 +68,7 @@ def test_smollm2_plan_by_hand() -> None:
     model = llama()
     assert model.layer_bytes[0] == 14_160_384 and model.embedding_bytes == 113_246_208
     s = PlanSettings(context_length=2048, max_concurrent_sequences=2)
-    plan = plan_cluster(model, nodes(8 * GB, 8 * GB), s)
+    plan = plan_cluster(model, facts_for(8 * GB, 8 * GB), s)
     assert isinstance(plan, Plan)
     first, last = plan.stages
     kv_layer = 2 * 3 * 64 * 4 * 2048 * 2

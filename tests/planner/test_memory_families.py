@@ -20,8 +20,8 @@ from orchestrator.engine.stage.shard import StageModel
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import Plan, PlanSettings, plan_cluster
 from orchestrator.testmodels.families import FAMILIES, build_family_model
-from tests.planner.support import GB, nodes
 from tests.support import matrix
+from tests.support.builders import GB, facts_for
 
 CONTEXT = 300  # past one 256-token cache step and far past the 8-token sliding windows
 TOLERANCE = 0.15
@@ -50,7 +50,7 @@ def estimate(model_dir: Path, split: tuple[tuple[int, int], ...], *, uniform_kv:
     if uniform_kv:
         model = model.model_copy(update={"layer_caches": ()})
     settings = PlanSettings(context_length=CONTEXT, max_concurrent_sequences=1, manual_split=split)
-    plan = plan_cluster(model, nodes(8 * GB, 8 * GB), settings)
+    plan = plan_cluster(model, facts_for(8 * GB, 8 * GB), settings)
     assert isinstance(plan, Plan), plan
     return [s.weight_bytes + s.kv_cache_bytes for s in plan.stages]
 

@@ -18,7 +18,8 @@ from orchestrator.planner.predict import (
     single_node_verdict,
     ttft_s,
 )
-from tests.planner.support import GB, llama, node, uniform
+from tests.support.builders import GB, facts
+from tests.support.planner_inputs import llama, uniform
 
 # 1 ms per layer alone, 1 ms at batch 1 with base threads, 2 ms for 8 rows; no head; 0.1 ms
 # per prompt token per layer.
@@ -126,7 +127,7 @@ def test_single_node_verdict(single_tps, split_tps, single_agg, split_agg, text)
 
 
 def timed(i: int, timing: LayerTiming, free: int = 8 * GB, **links: LinkCost):
-    return node(i, free).model_copy(update={"timing": timing, "links": links})
+    return facts(i, free).model_copy(update={"timing": timing, "links": links})
 
 
 def test_the_plan_gives_a_slow_node_fewer_layers_and_predicts():
@@ -141,12 +142,12 @@ def test_the_plan_gives_a_slow_node_fewer_layers_and_predicts():
     assert [p.x for p in perf.aggregate_tps] == [4, 8, 16]
     assert "fits on node" not in (perf.single_node or "")
     assert perf.single_node.startswith("a single node (node0) would be")  # 8 GB free: the model fits alone
-    untimed = plan_cluster(model, [node(0), node(1)])
+    untimed = plan_cluster(model, [facts(0), facts(1)])
     assert untimed.performance is None and untimed.split == ((0, 18), (19, 29))  # by bytes: the embedding counts
 
 
 def test_a_node_without_timing_borrows_one_with_the_same_accelerator():
-    plan = plan_cluster(llama(), [timed(0, T), node(1)])
+    plan = plan_cluster(llama(), [timed(0, T), facts(1)])
     assert plan.performance is not None
     assert "node1 assumed alike" in plan.performance.timing_note
 

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, StageCosts, balanced_split, plan_cluster
-from tests.planner.support import node, uniform
+from tests.support.builders import facts
+from tests.support.planner_inputs import uniform
 
 
 @st.composite
@@ -28,7 +29,7 @@ def inputs(draw: st.DrawFn, max_layers: int = 48, max_nodes: int = 8):
     # Free memory around what an even share of the model needs: from far too little to plenty.
     share = StageCosts(model, plan_settings).cluster_bytes(count) / count
     scales = draw(st.lists(st.floats(0.3, 4.0), min_size=count, max_size=count))
-    return model, [node(i, int(share * f)) for i, f in enumerate(scales)], plan_settings
+    return model, [facts(i, int(share * f)) for i, f in enumerate(scales)], plan_settings
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, StageCosts, plan_cluster
-from tests.planner.support import GB, llama, node, nodes, uniform
+from tests.support.builders import GB, facts, facts_for
+from tests.support.planner_inputs import llama, uniform
 
 MODEL = llama()  # SmolLM2-like, 30 layers, ~538 MB in float32
 SMALL = PlanSettings(context_length=1024, max_concurrent_sequences=1)
@@ -30,30 +31,30 @@ def _fit_nodes_but(*changes: dict) -> list:
     base = [dict(i=0), dict(i=1)]
     for i, change in enumerate(changes):
         base[i].update(change)
-    return [node(**b) for b in base]
+    return [facts(**b) for b in base]
 
 
 CASES = [
     Case("no nodes", [], [RefusalCode.TOO_FEW_NODES], ["0 selected"]),
-    Case("one node", nodes(8 * GB), [RefusalCode.TOO_FEW_NODES], ["at least 2 nodes; 1 selected"]),
-    Case("same node twice", [node(0), node(1), node(1)], [RefusalCode.DUPLICATE_NODE], ["node1 (n1)"], ["n1"]),
-    Case("not mlx", nodes(8 * GB, 8 * GB), [RefusalCode.NOT_MLX_FORMAT], ["smollm2-like", "GGUF weights"],
+    Case("one node", facts_for(8 * GB), [RefusalCode.TOO_FEW_NODES], ["at least 2 nodes; 1 selected"]),
+    Case("same node twice", [facts(0), facts(1), facts(1)], [RefusalCode.DUPLICATE_NODE], ["node1 (n1)"], ["n1"]),
+    Case("not mlx", facts_for(8 * GB, 8 * GB), [RefusalCode.NOT_MLX_FORMAT], ["smollm2-like", "GGUF weights"],
          kwargs=dict(mlx_format=False, format_reason="GGUF weights: convert first")),
-    Case("not describable", nodes(8 * GB, 8 * GB), [RefusalCode.NOT_MLX_FORMAT], ["model demo", "no config.json"],
+    Case("not describable", facts_for(8 * GB, 8 * GB), [RefusalCode.NOT_MLX_FORMAT], ["model demo", "no config.json"],
          model=None, kwargs=dict(mlx_format=False, format_reason="no config.json", model_name="demo")),
-    Case("mixed accelerators", [node(0), node(1, accelerator="linux-cuda"), node(2)],
+    Case("mixed accelerators", [facts(0), facts(1, accelerator="linux-cuda"), facts(2)],
          [RefusalCode.MIXED_ACCELERATORS], ["node1 (n1) has accelerator linux-cuda", "linux-cpu"], ["n1"]),
     Case("mixed accelerators, tie: the first node sets the standard",
-         [node(0, accelerator="apple-silicon"), node(1)], [RefusalCode.MIXED_ACCELERATORS], ["node1"], ["n1"]),
-    Case("mixed engine versions", [node(0), node(1), node(2, version="pipeserve 0.2.0, mlx 0.32.4")],
+         [facts(0, accelerator="apple-silicon"), facts(1)], [RefusalCode.MIXED_ACCELERATORS], ["node1"], ["n1"]),
+    Case("mixed engine versions", [facts(0), facts(1), facts(2, version="pipeserve 0.2.0, mlx 0.32.4")],
          [RefusalCode.MIXED_ENGINE_VERSIONS], ["node2 (n2) runs pipeserve 0.2.0", "pipeserve 0.1.0"], ["n2"]),
-    Case("mixed mlx backends", [node(0, backend="cuda (mlx-cuda-13 0.32.4)"), node(1, backend="cpu (mlx-cpu 0.32.4)"),
-                                node(2, backend="cuda (mlx-cuda-13 0.32.4)")],
+    Case("mixed mlx backends", [facts(0, backend="cuda (mlx-cuda-13 0.32.4)"), facts(1, backend="cpu (mlx-cpu 0.32.4)"),
+                                facts(2, backend="cuda (mlx-cuda-13 0.32.4)")],
          [RefusalCode.MIXED_BACKENDS], ["node1 (n1) runs mlx's cpu (mlx-cpu 0.32.4) backend", "cuda (mlx-cuda-13"],
          ["n1"]),
-    Case("more nodes than layers", nodes(GB, GB, GB), [RefusalCode.TOO_MANY_NODES], ["2 layers", "3 selected"],
+    Case("more nodes than layers", facts_for(GB, GB, GB), [RefusalCode.TOO_MANY_NODES], ["2 layers", "3 selected"],
          model=uniform(2)),
-    Case("too large for all nodes", nodes(300_000_000, 300_000_000), [RefusalCode.MODEL_TOO_LARGE],
+    Case("too large for all nodes", facts_for(300_000_000, 300_000_000), [RefusalCode.MODEL_TOO_LARGE],
          ["smollm2-like", "missing"]),
     Case("a stage does not fit its node", _fit_nodes_but({}, dict(free=200_000_000)),
          [RefusalCode.STAGE_DOES_NOT_FIT], ["node1", "missing"], ["n1"]),
@@ -66,7 +67,7 @@ CASES = [
     Case("nodes on one host share its ports",
          _fit_nodes_but(dict(host="10.0.0.5", ports=(39600, 39601, 39602)), dict(host="10.0.0.5", ports=(39601,))),
          [RefusalCode.NOT_ENOUGH_PORTS], ["node1", "not taken by other selected nodes on its host"], ["n1"]),
-    Case("every reason at once", [node(0, ports=()), node(1, accelerator="linux-cuda", version="other")],
+    Case("every reason at once", [facts(0, ports=()), facts(1, accelerator="linux-cuda", version="other")],
          [RefusalCode.NOT_MLX_FORMAT, RefusalCode.MIXED_ACCELERATORS, RefusalCode.MIXED_ENGINE_VERSIONS,
           RefusalCode.NOT_ENOUGH_PORTS], ["n1", "n0"], [None, "n1", "n1", "n0"],
          kwargs=dict(mlx_format=False, format_reason="why")),
@@ -99,7 +100,7 @@ def test_missing_bytes_is_exact() -> None:
                      coordinator_overhead_bytes=50)
     need = 4000 + 2 * 500 + 10 + 2 * 1 * 1 * 4 * 256 * 4 + 2 * 100 + 50
     assert StageCosts(model, s).cluster_bytes(2) == need
-    result = plan_cluster(model, nodes(3000, 3000), s)
+    result = plan_cluster(model, facts_for(3000, 3000), s)
     assert isinstance(result, Refusal) and result.codes == (RefusalCode.MODEL_TOO_LARGE,)
     assert result.reasons[0].missing_bytes == need - 6000
     assert f"({need - 6000} bytes) missing" in result.reasons[0].message
@@ -112,12 +113,12 @@ def test_stage_refusal_shows_the_closest_attempt() -> None:
     s = PlanSettings(context_length=256, max_concurrent_sequences=1)
     costs = StageCosts(MODEL, s)
     smallest_last = costs.total_bytes(29, 30, runs_coordinator=False)
-    result = plan_cluster(MODEL, nodes(8 * GB, smallest_last - 1), s)
+    result = plan_cluster(MODEL, facts_for(8 * GB, smallest_last - 1), s)
     assert isinstance(result, Refusal) and result.codes == (RefusalCode.STAGE_DOES_NOT_FIT,)
     assert result.reasons[0].missing_bytes == 1 and result.reasons[0].node_id == "n1"
     assert result.stages[1].layers == "29-29" and not result.stages[1].fits and result.stages[0].fits
     # One byte more and it plans, with that very split.
-    plan = plan_cluster(MODEL, nodes(8 * GB, smallest_last), s)
+    plan = plan_cluster(MODEL, facts_for(8 * GB, smallest_last), s)
     assert isinstance(plan, Plan) and plan.split == ((0, 28), (29, 29))
 
 
@@ -130,7 +131,7 @@ def test_stage_refusal_shows_the_closest_attempt() -> None:
                 unsupported_reason="bert is a multimodal model; pipeserve serves text-only decoders"), "multimodal"),
 ])
 def test_unsupported_model_is_refused_with_the_registry_reason(model, kwargs, why) -> None:
-    result = plan_cluster(model, nodes(8 * GB, 8 * GB), SMALL, model_name="odd", **kwargs)
+    result = plan_cluster(model, facts_for(8 * GB, 8 * GB), SMALL, model_name="odd", **kwargs)
     assert isinstance(result, Refusal), result
     assert result.codes == (RefusalCode.UNSUPPORTED_MODEL,)
     assert result.reasons[0].message.startswith("model odd is unsupported: ") and why in result.reasons[0].message

@@ -12,7 +12,8 @@ from orchestrator.models.decoder_config import read_config_file
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, plan_cluster
 from orchestrator.testmodels.families import build_family_model
-from tests.planner.support import GB, llama, nodes
+from tests.support.builders import GB, facts_for
+from tests.support.planner_inputs import llama
 
 SHARED = llama().model_copy(update={"refused_boundaries": tuple(range(12, 30))})  # stages may start at 1..11 only
 
@@ -34,22 +35,22 @@ def test_the_description_carries_the_refused_boundaries(tmp_path: Path) -> None:
 
 def test_the_balancer_never_cuts_at_a_refused_boundary() -> None:
     settings = PlanSettings(context_length=1024, max_concurrent_sequences=1)
-    free = plan_cluster(llama(), nodes(8 * GB, 8 * GB), settings)
+    free = plan_cluster(llama(), facts_for(8 * GB, 8 * GB), settings)
     assert isinstance(free, Plan) and _starts(free)[1] >= 12  # unconstrained, it cuts in the middle
-    plan = plan_cluster(SHARED, nodes(8 * GB, 8 * GB), settings)
+    plan = plan_cluster(SHARED, facts_for(8 * GB, 8 * GB), settings)
     assert isinstance(plan, Plan), plan
     assert _starts(plan)[1] == 11  # the closest to balanced that is allowed
-    three = plan_cluster(SHARED, nodes(8 * GB, 8 * GB, 8 * GB), settings)
+    three = plan_cluster(SHARED, facts_for(8 * GB, 8 * GB, 8 * GB), settings)
     assert isinstance(three, Plan) and all(s not in SHARED.refused_boundaries for s in _starts(three))
 
 
 def test_a_manual_split_at_a_refused_boundary_is_refused() -> None:
     settings = PlanSettings(context_length=1024, max_concurrent_sequences=1, manual_split=((0, 14), (15, 29)))
-    result = plan_cluster(SHARED, nodes(8 * GB, 8 * GB), settings)
+    result = plan_cluster(SHARED, facts_for(8 * GB, 8 * GB), settings)
     assert isinstance(result, Refusal) and set(result.codes) == {RefusalCode.INVALID_SPLIT}
     assert "stage 1 starts at layer 15, which would separate KV-shared layers" in result.reasons[0].message
     ok = settings.model_copy(update={"manual_split": ((0, 10), (11, 29))})
-    assert isinstance(plan_cluster(SHARED, nodes(8 * GB, 8 * GB), ok), Plan)
+    assert isinstance(plan_cluster(SHARED, facts_for(8 * GB, 8 * GB), ok), Plan)
 
 
 def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(tmp_path: Path) -> None:

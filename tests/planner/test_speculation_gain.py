@@ -93,10 +93,11 @@ def test_a_plan_of_a_family_that_refuses_speculation_predicts_none_and_says_why(
     predict none, and the timing note would give its reason."""
     from orchestrator.engine import support
     from orchestrator.planner import PlanSettings, plan_cluster
-    from tests.planner.support import llama, node
+    from tests.support.builders import facts
+    from tests.support.planner_inputs import llama
 
     settings = PlanSettings(speculative_tokens=4)
-    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    timed = [facts(i).model_copy(update={"timing": T}) for i in (0, 1)]
     plain = plan_cluster(llama(), timed, settings)
     monkeypatch.setattr(support, "SPECULATION_REFUSED", {"llama": "its chunks are not its steps"})
     refused = plan_cluster(llama(), timed, settings)
@@ -129,10 +130,11 @@ def test_plans_of_plamo3_verify_step_by_step_and_of_deepseek_v41_split_replay():
     split across nodes speculates as a family whose windows replay."""
     from orchestrator.models.kv_layers import LayerCache
     from orchestrator.planner import PlanSettings, plan_cluster
-    from tests.planner.support import llama, node
+    from tests.support.builders import facts
+    from tests.support.planner_inputs import llama
 
     settings = PlanSettings(speculative_tokens=4)
-    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    timed = [facts(i).model_copy(update={"timing": T}) for i in (0, 1)]
     kv = LayerCache(kind="attention", token_bytes=384)
     windowed = {"layer_caches": (kv, kv.model_copy(update={"kind": "sliding", "window": 512}),) * 15}
     plain = plan_cluster(llama().model_copy(update=windowed), timed, settings).performance
@@ -149,10 +151,11 @@ def test_plans_of_plamo3_verify_step_by_step_and_of_deepseek_v41_split_replay():
 def test_a_plan_of_a_windowed_model_prices_the_replay():
     from orchestrator.models.kv_layers import LayerCache
     from orchestrator.planner import PlanSettings, plan_cluster
-    from tests.planner.support import llama, node
+    from tests.support.builders import facts
+    from tests.support.planner_inputs import llama
 
     settings = PlanSettings(speculative_tokens=4)
-    timed = [node(i).model_copy(update={"timing": T}) for i in (0, 1)]
+    timed = [facts(i).model_copy(update={"timing": T}) for i in (0, 1)]
     kv = LayerCache(kind="attention", token_bytes=384)
     model = llama()
     plain = plan_cluster(model.model_copy(update={"layer_caches": (kv,) * 30}), timed, settings).performance

@@ -8,7 +8,7 @@ from orchestrator.planner import Plan, PlanSettings, Refusal, plan_cluster, plan
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.result import RefusalCode
 from orchestrator.planner.transport import plan_transport
-from tests.planner.support import bridge, lan_node, llama, rdma_nic
+from tests.support.planner_inputs import bridge, lan_node, llama, rdma_nic
 
 T = LayerTiming(layer_ms_b1_solo=1.0, layer_ms_b1=1.0, layer_ms_bB=2.0, batch=8, prefill_ms_per_token=0.1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
+from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control.commands import (
     PreviewPlan,
 )
@@ -15,44 +15,17 @@ from orchestrator.control.decide import (
 )
 from orchestrator.control.state import (
     Fault,
-    Node,
     NodePreparation,
     Preparation,
-    Session,
     Settings,
-    StagePlacement,
     State,
 )
 from orchestrator.control.transitions import apply
-from tests.planner.support import llama
+from tests.support.builders import MODEL, model_info, node, session
+from tests.support.planner_inputs import llama
 
-GIB = 1 << 30
-MODEL = "smol"
-
-
-def report(name: str, free: int) -> Report:
-    """A node's report holding MODEL (SmolLM2-135M's geometry) with `free` bytes of memory."""
-    return Report(name=name, fingerprint=f"fp-{name}", version="0.1.0",
-                  accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={"mlx": "0.32.4"},
-                  platform={"system": "Linux"},
-                  memory=Memory(total_bytes=free, available_bytes=free, budget_bytes=free, processes_rss_bytes=0,
-                                free_bytes=free),
-                  disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(range(39600, 39630))),
-                  models=[ModelInfo(id=MODEL, mlx_format=True, supported=True, num_layers=30, total_bytes=540 << 20,
-                                    description=llama())],
-                  processes=[], downloads=[])
-
-
-def node(i: int, free: int = 8 * GIB) -> Node:
-    return Node(id=f"n{i}", name=f"node-{'ab'[i]}", url=f"http://10.0.0.{i + 1}:39500", credential="c",
-                report=report(f"node-{'ab'[i]}", free))
-
-
-def session(sid: str = "s1", phase: str = "running", name: str = "smol-2stage", **kw) -> Session:
-    stages = tuple(StagePlacement(index=i, node_id=f"n{i}", node_name=f"node-{'ab'[i]}", first_layer=15 * i,
-                                  last_layer=15 * i + 14, host=f"10.0.0.{i + 1}", port=39601) for i in range(2))
-    return Session(id=sid, name=name, model_id=MODEL, model_name=MODEL, cluster=True, stages=stages,
-                   coordinator_node="n0", coordinator_host="10.0.0.1", coordinator_port=39610, phase=phase, **kw)
+# MODEL as each node's report lists it: SmolLM2-135M's geometry
+HELD = (model_info(MODEL, description=llama()),)
 
 
 def prepared(ready: bool = True) -> Preparation:
@@ -61,14 +34,16 @@ def prepared(ready: bool = True) -> Preparation:
                                    for i in range(2)))
 
 
-BASE = State(settings=Settings(distributed_enabled=True), nodes=(node(0), node(1)))
+BASE = State(settings=Settings(distributed_enabled=True),
+             nodes=(node("node-a", models=HELD), node("node-b", models=HELD)))
 PREPARED = BASE.model_copy(update={"preparation": prepared()})
 SERVING = PREPARED.model_copy(update={"sessions": (session(),)})
 SHOWN = apply(BASE, decide(BASE, PreviewPlan(MODEL, ("n0", "n1"), measure=False)).events[0])
 FAULT = Fault(at=1.0, reason="stage-1 gone", processes=("stage-1",), attempts=1)
 
 
-def with_session(state: State, **kw) -> State:
+def with_session(state: State, **kw: Any) -> State:
+    """`state` with one session, `session(**kw)`."""
     return state.model_copy(update={"sessions": (session(**kw),)})
 
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import openai
 
-from orchestrator.control.state import Session, StagePlacement
+from orchestrator.control.state import Session
 from orchestrator.proc import wait_until
+from tests.support import builders
 
 MODEL_ID = "tiny"  # the control tests' model (tests/control/conftest.py)
 
@@ -53,8 +54,6 @@ def lease_ends(env: Any, session_id: str) -> dict[str, float]:
 
 
 def running_session(sid: str = "s1") -> Session:
-    """A running, healthy 2-stage session on nodes n0 and n1 (no processes behind it)."""
-    stages = tuple(StagePlacement(index=i, node_id=f"n{i}", node_name=f"n{i}", first_layer=2 * i, last_layer=2 * i + 1,
-                                  host="127.0.0.1", port=40000 + i) for i in range(2))
-    return Session(id=sid, name="c", model_id="m", model_name="m", cluster=True, stages=stages, coordinator_node="n0",
-                   coordinator_host="127.0.0.1", coordinator_port=40010, phase="running", health="Healthy")
+    """A running, healthy 2-stage session on loopback, stages on n0 and n1 (no processes behind it)."""
+    return builders.session(sid, name="c", model="m", splits=((0, 1), (2, 3)), host="127.0.0.1", port=40000,
+                            coordinator_port=40010, health="Healthy")

@@ -13,9 +13,9 @@ from flask.testing import FlaskClient
 
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
+from tests.support.dashboard_server import Dashboard, start_dashboard
 from tests.support.html import parse
-from tests.webapp.server import Dashboard, start_dashboard
-from tests.webapp.states import rich_state
+from tests.support.view_states import rich_state
 from webapp import create_app
 from webapp.auth import AuthStore
 

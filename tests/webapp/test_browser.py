@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.webapp.server import Dashboard
+from tests.support.dashboard_server import Dashboard
 
 CHROMIUM = os.environ.get("PIPESERVE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from orchestrator.control.state import Sample
-from tests.webapp.states import cluster
+from tests.support.view_states import cluster
 from webapp.views.charts import WINDOW_S, sparkline, step_chart, throughput_chart
 
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.proc import wait_until
+from tests.support.dashboard_server import Dashboard, start_dashboard
 from tests.support.stub_http import StubHandler, StubServer
-from tests.webapp.server import Dashboard, start_dashboard
 
 HOLD_S = 60  # how long the silent router waits for its client to go (longer than any test waits)
 

@@ -12,7 +12,7 @@ from urllib.parse import urljoin, urlsplit
 import pytest
 import requests
 
-from tests.webapp.server import ROOT, Dashboard, cli, close_code, read_frames, ws_connect
+from tests.support.dashboard_server import ROOT, Dashboard, cli, close_code, read_frames, ws_connect
 from webapp.guard import safe_next
 from webapp.main import ROUTER_TOKEN_ENV, router_admin_token
 

@@ -14,7 +14,7 @@ import time
 import requests
 
 from orchestrator.proc import wait_until
-from tests.webapp.server import Dashboard, close_code, read_frames, read_upgrade, ws_connect, ws_request
+from tests.support.dashboard_server import Dashboard, close_code, read_frames, read_upgrade, ws_connect, ws_request
 
 IDLE_SOCKETS = 500
 WEBSOCKETS = 200

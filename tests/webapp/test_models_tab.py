@@ -8,16 +8,16 @@ from __future__ import annotations
 from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
 from orchestrator.control.state import Session, StagePlacement
+from tests.support.builders import node
 from tests.support.html import parse
 from tests.webapp.conftest import Web, csrf_of
-from tests.webapp.states import node
 from webapp.views.context import ViewContext
 from webapp.views.models import downloads_view, duration, listing_view, models_view
 
 
 def state_with_models(web_state):
-    a = node("node-a", "fa", ["smollm2", "tiny"])
-    b = node("node-b", "fb", ["tiny", "weird.gguf"])
+    a = node("node-a", node_id="fa", models=["smollm2", "tiny"])
+    b = node("node-b", node_id="fb", models=["tiny", "weird.gguf"])
     dl = ModelDownload(model_id="tiny", hub=HubRef(repo_id="org/tiny"), commit="c" * 40, total_bytes=1000, files=4,
                        phase="running", nodes=(NodeDownload(node_id="fa", status="verified", source="hub org/tiny",
                                                             done_bytes=1000, total_bytes=1000),
@@ -109,9 +109,9 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
     from webapp.views.models import download_options_view
 
     admin_ctx = ViewContext(role="admin")
-    one = still.orch.state.model_copy(update={"nodes": (node("node-a", "fa", []),)})
-    two = one.model_copy(update={"nodes": one.nodes + (node("node-b", "fb", []),)})
-    down = two.model_copy(update={"nodes": (two.nodes[0], node("node-b", "fb", [], reachable=False))})
+    one = still.orch.state.model_copy(update={"nodes": (node("node-a", node_id="fa"),)})
+    two = one.model_copy(update={"nodes": one.nodes + (node("node-b", node_id="fb"),)})
+    down = two.model_copy(update={"nodes": (two.nodes[0], node("node-b", node_id="fb", reachable=False))})
     digests = [download_options_view(s, admin_ctx)["digest"] for s in (one, two, down)]
     assert len(set(digests)) == 3 and download_options_view(two, admin_ctx)["digest"] == digests[1]
     assert {"node_registered", "node_removed", "node_reported", "node_unreachable"} <= BY_NAME["download-options"].kinds
@@ -134,7 +134,7 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
 
 def test_a_holders_session_says_serving_only_once_healthy():
     from orchestrator.control.state import StageStatus
-    from tests.webapp.states import cluster
+    from tests.support.view_states import cluster
     from webapp.views.sessions import session_state
 
     running = cluster()

@@ -9,9 +9,10 @@ import pytest
 from orchestrator.control.decide import serving_conflict
 from orchestrator.control.state import NodePreparation, Preparation, StageStatus
 from orchestrator.units import format_bytes
+from tests.support.builders import report
 from tests.support.html import parse
+from tests.support.view_states import MB, cluster, plan, rich_state
 from tests.webapp.conftest import Web, csrf_of
-from tests.webapp.states import MB, cluster, plan, report, rich_state
 from webapp.views.cluster import form_view, monitor_view, prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.sessions import shown_health
@@ -28,7 +29,7 @@ def test_one_formatting_helper_in_binary_units(n, text):
 
 def test_node_toggles_the_node_list_and_the_plan_all_say_gib_and_mib(rich: Web):
     state = rich.orch.state
-    budget = report("node-a", "n0", ["smol"], free=1100 * MB)  # an agent with --memory-budget 1100M
+    budget = report("node-a", 1100 * MB, fingerprint="n0", models=["smol"])  # an agent with --memory-budget 1100M
     rich.orch._state = state.model_copy(update={
         "nodes": (state.nodes[0].model_copy(update={"report": budget}), *state.nodes[1:]), "plan": plan("refusal")})
     page = parse(rich.client("admin").get("/models?tab=distributed").get_data(as_text=True))

@@ -7,7 +7,7 @@ from orchestrator.agent.device_memory import HostMemory, cuda_memory, host_memor
 from orchestrator.agent.device_schemas import Runtime
 from orchestrator.control.state import Node
 from tests.agent.test_device_memory import CUDA_INFO
-from tests.webapp.states import rich_state
+from tests.support.view_states import rich_state
 from webapp.views.cluster import form_view
 from webapp.views.context import ViewContext
 from webapp.views.nodes import nodes_view

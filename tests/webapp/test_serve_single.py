@@ -7,15 +7,16 @@ import pytest
 
 from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control.state import State
-from tests.planner.support import llama
+from tests.support.builders import node
 from tests.support.html import parse
+from tests.support.planner_inputs import llama
+from tests.support.view_states import MB
 from tests.webapp.conftest import Web, csrf_of
-from tests.webapp.states import MB, node
 
 
 def described(free: int) -> State:
     """node-a holds SmolLM2-135M's geometry (540 MiB of weights) with `free` bytes of memory."""
-    a = node("node-a", "n0", [])
+    a = node("node-a")
     report = a.report.model_copy(update={
         "models": [ModelInfo(id="smol", mlx_format=True, supported=True, num_layers=30, total_bytes=540 * MB,
                              description=llama())],

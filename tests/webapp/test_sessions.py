@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from tests.webapp.server import Dashboard, cli, close_code, read_frames, start_dashboard, ws_connect
+from tests.support.dashboard_server import Dashboard, cli, close_code, read_frames, start_dashboard, ws_connect
 
 COMPONENTS = "/ws?components=nodes"
 

@@ -14,7 +14,7 @@ import requests
 
 from orchestrator.proc import wait_until
 from orchestrator.proc.wait import WaitTimeout
-from tests.webapp.server import ROOT, free_port, start_dashboard
+from tests.support.dashboard_server import ROOT, free_port, start_dashboard
 
 
 def test_discovery_finds_an_agent_under_the_gevent_worker(tmp_path: Path):

@@ -11,8 +11,8 @@ from orchestrator.agent.schemas import ModelInfo
 from orchestrator.control.core import Orchestrator
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.html import Element, parse
+from tests.support.view_states import rich_state
 from tests.webapp.conftest import Web, make_web
-from tests.webapp.states import rich_state
 
 VLM_REASON = "llava is a multimodal model; pipeserve serves text-only decoders"
 MODELS = [

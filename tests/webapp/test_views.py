@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.webapp.states import cluster, failed_cluster, plan, rich_state
+from tests.support.view_states import cluster, failed_cluster, plan, rich_state
 from webapp.views.cluster import form_view, launch_summary, monitor_view, prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.plan import fit_bar, plan_view

@@ -11,7 +11,7 @@ import requests
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from orchestrator.engine.local_pipeline import LocalPipeline
-from tests.engine.harness import reference
+from tests.support.engine_harness import reference
 
 
 @pytest.fixture(scope="module")

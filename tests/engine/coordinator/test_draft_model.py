@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.engine.coordinator.draft_model import DraftModel, DraftModelError, check_same_tokenizer
 from orchestrator.testmodels.families import build_family_model
-from tests.engine.harness import reference
+from tests.support.engine_harness import reference
 from tests.support.tokenizers import with_swapped_tokens
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]

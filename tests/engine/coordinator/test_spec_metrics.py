@@ -43,15 +43,15 @@ def test_health_says_when_a_stage_refuses_to_speculate():
     from orchestrator.engine.coordinator.generation import Health, StageHealth
     from orchestrator.logs import EventLogger
 
-    def report(k: int, *can: bool) -> dict | None:
+    def shown(k: int, *can: bool) -> dict | None:
         stages = tuple(StageHealth(f"stage-{i}", "127.0.0.1:1", True, 0.1,
                                    {"speculation": c, **({} if c else {"speculation_refused": f"stage {i}'s reason"})})
                        for i, c in enumerate(can))
         pipeline = SimpleNamespace(health=Health("ready", "", stages, 0), speculative_tokens=k)
         return Coordinator(pipeline, None, "m", Metrics(["stage-0"]), EventLogger("t")).health()[1]["speculation"]
 
-    assert report(4, True, True) == {"max_drafts": 4, "passes": 0, "drafted": 0, "accepted": 0, "refused": False,
-                                     "refusal": None}
-    refused = report(4, True, False)
+    assert shown(4, True, True) == {"max_drafts": 4, "passes": 0, "drafted": 0, "accepted": 0, "refused": False,
+                            "refusal": None}
+    refused = shown(4, True, False)
     assert refused["refused"] and refused["refusal"] == "stage 1's reason"
-    assert report(0, True, True) is None
+    assert shown(0, True, True) is None

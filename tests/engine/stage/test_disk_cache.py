@@ -15,8 +15,8 @@ from orchestrator.engine.stage.disk_cache import DiskTier, model_hash
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.logs import EventLogger
 from orchestrator.testmodels.families import FAMILIES, build_family_model
-from tests.engine.cache_rig import CachedRig
-from tests.engine.harness import assert_same, reference
+from tests.support.cache_rig import CachedRig
+from tests.support.engine_harness import assert_same, reference
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 TOKENS = 6

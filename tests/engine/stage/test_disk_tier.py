@@ -14,7 +14,7 @@ import signal
 
 from orchestrator.engine.stage.disk_cache import FOLDER
 from orchestrator.proc import wait_until
-from tests.engine.harness import InTestCoordinator, reference
+from tests.support.engine_harness import InTestCoordinator, reference
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(60)]
 TOKENS = 8

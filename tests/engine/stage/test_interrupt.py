@@ -17,7 +17,7 @@ import pytest
 from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, Abandoned
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.proc import wait_until
-from tests.engine.harness import InTestCoordinator, reference
+from tests.support.engine_harness import InTestCoordinator, reference
 
 PROMPT = [(i * 7 + 3) % 200 for i in range(3 * INTERRUPTIBLE_TOKENS)]
 

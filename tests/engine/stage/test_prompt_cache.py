@@ -16,8 +16,8 @@ import pytest
 
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks, system_prompt_end
 from orchestrator.proc import wait_until
-from tests.engine.cache_rig import CachedRig, whole
-from tests.engine.harness import InTestCoordinator, assert_same, reference
+from tests.support.cache_rig import CachedRig, whole
+from tests.support.engine_harness import InTestCoordinator, assert_same, reference
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(60)]
 TOKENS = 8

@@ -1,12 +1,12 @@
-"""Test inputs for the planner: model geometries (no files) and node facts."""
+"""Test inputs for the planner: model geometries (no files) and a LAN's interfaces (node facts: builders.py)."""
 
 from __future__ import annotations
 
 from orchestrator.engine.support import unsupported_reason
 from orchestrator.models.describe import DTYPE_BYTES, ModelDescription
-from orchestrator.planner import NodeFacts
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.transport import InterfaceFact
+from tests.support.builders import facts
 
 
 def llama_layer_params(hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int) -> int:
@@ -46,23 +46,6 @@ def uniform(layers: int, layer_bytes: int = 1000, *, embedding: int = 0, head: i
     )
 
 
-GB = 10**9
-PORTS = tuple(range(39600, 39630))
-
-
-def node(i: int, free: int = 8 * GB, *, accelerator: str = "linux-cpu", version: str = "pipeserve 0.1.0, mlx 0.32.4",
-         ports: tuple[int, ...] = PORTS, host: str | None = None, name: str | None = None,
-         backend: str = "") -> NodeFacts:
-    """Node `n{i}` named `node{i}` (or `name`)."""
-    return NodeFacts(id=f"n{i}", name=name or f"node{i}", accelerator=accelerator, engine_version=version,
-                     free_bytes=free, free_ports=ports, host=host, backend=backend)
-
-
-def nodes(*free: int, **kw: object) -> list[NodeFacts]:
-    """One node per free-memory value, numbered from 0."""
-    return [node(i, f, **kw) for i, f in enumerate(free)]  # type: ignore[arg-type]
-
-
 # Network interfaces of a node on a LAN (the transport tests of the planner and the control plane).
 ETH = InterfaceFact(name="eth0", kind="ethernet", speed_mbps=1000, addresses=("192.168.1.10",))
 LO = InterfaceFact(name="lo", kind="loopback", addresses=("127.0.0.1",))
@@ -71,7 +54,7 @@ LO = InterfaceFact(name="lo", kind="loopback", addresses=("127.0.0.1",))
 def lan_node(i: int, *extra: InterfaceFact, timing: LayerTiming | None = None, **links: LinkCost):
     """Node i at 192.168.1.(10+i) on eth0, plus `extra` interfaces."""
     eth = ETH.model_copy(update={"addresses": (f"192.168.1.{10 + i}",)})
-    return node(i, host=f"192.168.1.{10 + i}").model_copy(
+    return facts(i, host=f"192.168.1.{10 + i}").model_copy(
         update={"interfaces": (LO, eth, *extra), "timing": timing, "links": links})
 
 

@@ -1,6 +1,6 @@
 """Copy throughput between two agents on loopback vs a plain file copy on the same disk.
 
-    .venv/bin/python tests/agent/bench_transfer.py [--model DIR] [--runs 3] [--before DIR] [--no-plain] [--warmup 1]
+    .venv/bin/python tests/support/bench_transfer.py [--model DIR] [--runs 3] [--before DIR] [--no-plain] [--warmup 1]
 
 `--warmup N` untimed copies per side come first. `--before DIR`: a checkout of an earlier
 pipeserve (`git worktree add DIR <commit>`) whose agents are measured in the same run,

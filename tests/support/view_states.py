@@ -2,46 +2,22 @@
 
 from __future__ import annotations
 
-from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
 from orchestrator.control.state import (
     DiscoveredNode,
-    Node,
     NodePreparation,
     Preparation,
     PreviewedPlan,
     Sample,
     Session,
     Settings,
-    StagePlacement,
     StageStatus,
     State,
 )
 from orchestrator.control.timelines import timeline
 from orchestrator.units import format_bytes
+from tests.support.builders import node, session
 
 MB = 1 << 20  # MiB: the dashboard shows binary units (orchestrator.units)
-
-
-def report(name: str, fingerprint: str, models: list[str], free: int = 900 * MB) -> Report:
-    """A node's report as its agent would send it."""
-    return Report(name=name, fingerprint=fingerprint, version="0.1.0",
-                  accelerator=Accelerator(family="linux-cpu", detail="x86_64"), versions={"mlx": "0.32.4"},
-                  platform={"system": "Linux"},
-                  memory=Memory(total_bytes=free, available_bytes=free, budget_bytes=free, processes_rss_bytes=0,
-                                free_bytes=free),
-                  disk_free_bytes=10**11, transport_ports=Ports(start=39600, end=39629, free=list(range(39600, 39630))),
-                  models=[ModelInfo(id=m, mlx_format=not m.endswith(".gguf"), supported=not m.endswith(".gguf"),
-                                    num_layers=30, total_bytes=540 * MB,
-                                    reason=None if not m.endswith(".gguf") else "GGUF file, not an MLX directory")
-                          for m in models],
-                  processes=[], downloads=[])
-
-
-def node(name: str, fid: str, models: list[str], reachable: bool = True) -> Node:
-    """A registered node with a credential that must never be shown."""
-    return Node(id=fid, name=name, url=f"http://10.0.0.{len(name)}:39500", credential=f"secret-credential-{fid}",
-                status="reachable" if reachable else "unreachable", error=None if reachable else "connection refused",
-                report=report(name, fid, models))
 
 
 def plan(kind: str = "plan") -> PreviewedPlan:
@@ -67,11 +43,8 @@ def plan(kind: str = "plan") -> PreviewedPlan:
 
 def cluster(sid: str = "s1", phase: str = "running", health: str = "Healthy") -> Session:
     """A 2-stage cluster session with a launch timeline and ~20 s of samples."""
-    stages = tuple(StagePlacement(index=i, node_id=f"n{i}", node_name=f"node-{'ab'[i]}", first_layer=a, last_layer=b,
-                                  host="10.0.0.1", port=39601 + i) for i, (a, b) in enumerate([(0, 16), (17, 29)]))
-    s = Session(id=sid, name=f"smol-2stage-{sid}", model_id="smol", model_name="smol", cluster=True, stages=stages,
-                coordinator_node="n0", coordinator_host="10.0.0.1", coordinator_port=39610, phase=phase,
-                health=health, reason="serving", config_toml="[cluster]\nname = \"smol-2stage\"\n")
+    s = session(sid, phase, f"smol-2stage-{sid}", splits=((0, 16), (17, 29)), host="10.0.0.1", health=health,
+                reason="serving", config_toml="[cluster]\nname = \"smol-2stage\"\n")
     steps = tuple(st.model_copy(update={"state": "done"}) for st in timeline(s))
     samples = tuple(Sample(at=1000.0 + k / 2, tokens_per_s=float(k % 7), step_ms=(20.0 + k % 3, 30.0))
                     for k in range(40))
@@ -93,8 +66,8 @@ def failed_cluster() -> Session:
 
 def rich_state() -> State:
     """Every component has something to show."""
-    nodes = (node("node-a", "n0", ["smol", "big.gguf"]), node("node-b", "n1", []),
-             node("node-c", "n2", [], reachable=False))
+    nodes = (node("node-a", 900 * MB, models=["smol", "big.gguf"]), node("node-b", 900 * MB),
+             node("node-c", 900 * MB, reachable=False))
     prep = Preparation(model_id="smol", finished=False, nodes=(
         NodePreparation(node_id="n0", status="present", verdict="present", done_bytes=540 * MB, total_bytes=540 * MB),
         NodePreparation(node_id="n1", status="downloading", verdict="needs_download", done_bytes=200 * MB,

@@ -1,6 +1,6 @@
 """Batched decode vs solo decode, bit for bit, for a list of families (run as a subprocess).
 
-`python -m tests.engine.batch_check DIR FAMILY...` builds each family's test model under DIR,
+`python -m tests.support.batch_check DIR FAMILY...` builds each family's test model under DIR,
 prefills three requests of different lengths (longer than the sliding windows) on a
 two-stage split, then runs decode steps both one request at a time and as one micro-batch,
 and prints one JSON line per family: {family, exact, batched, refusal}.

@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.stage.prompt_cache import StageCache
-from tests.engine.harness import Trace, _trace_from_vectors
+from tests.support.engine_harness import Trace, _trace_from_vectors
 
 
 @dataclass
