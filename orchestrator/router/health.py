@@ -11,6 +11,9 @@ coordinator is up but its pipeline is not ready), `unhealthy`. Only `healthy` is
   and counts its successes from zero again — a 503 answer to a proxied request too.
 - Healthy backends are probed every `interval`; every other one at least every second, so a
   warming or new backend joins quickly (continuum-router re-checks a 503 every second).
+
+The checker reads time from an injectable `Clock` (orchestrator/proc/clock.py): tests move a
+`FakeClock` instead of sleeping through probe intervals.
 """
 
 from __future__ import annotations
@@ -18,13 +21,13 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Callable
 from urllib.parse import urlsplit
 
 from orchestrator.logs import EventLogger
+from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 from orchestrator.router.config import BackendConfig, HealthChecks
 
 RECHECK_NOT_HEALTHY = 1.0
@@ -55,7 +58,7 @@ class BackendHealth:
     models: tuple[str, ...] = ()  # as the backend listed them on its last successful probe
     last_status: int | None = None
     last_error: str | None = None
-    checked_at: float | None = None  # time.time() of the last probe
+    checked_at: float | None = None  # wall time (the clock's time()) of the last probe
 
     @property
     def routable(self) -> bool:
@@ -113,7 +116,7 @@ def probe(url: str, s: HealthChecks) -> ProbeResult:
 class _Entry:
     backend: BackendConfig
     health: BackendHealth
-    due: float  # time.monotonic()
+    due: float  # on the checker's clock.monotonic()
     generation: int  # bumps when the URL changes, so a stale probe result is dropped
     probing: bool = False
 
@@ -122,12 +125,15 @@ class HealthChecker:
     """Probes every configured backend on its own schedule; thread-safe snapshots.
 
     `configure()` is called at start and on every config reload; a backend whose name and
-    URL are unchanged keeps its health (a reload must not flap the whole table).
+    URL are unchanged keeps its health (a reload must not flap the whole table). Every reading
+    of time is `clock`'s.
     """
 
-    def __init__(self, log: EventLogger, prober: Callable[[str, HealthChecks], ProbeResult] = probe) -> None:
+    def __init__(self, log: EventLogger, prober: Callable[[str, HealthChecks], ProbeResult] = probe,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._log = log
         self._probe = prober
+        self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -139,7 +145,7 @@ class HealthChecker:
 
     def configure(self, backends: tuple[BackendConfig, ...], settings: HealthChecks) -> None:
         """Adopt a new backend list and settings; new backends are probed at once."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         with self._lock:
             old = self._entries
             self._entries = {}
@@ -190,7 +196,7 @@ class HealthChecker:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self._clock.monotonic()
             with self._lock:
                 enabled = self._settings.enabled
                 due = [(n, e.backend.url, e.generation) for n, e in self._entries.items()
@@ -202,7 +208,8 @@ class HealthChecker:
             for name, url, generation in due:
                 assert self._pool is not None
                 self._pool.submit(self._run_probe, name, url, generation, settings)
-            self._wake.wait(max(0.01, min(waits, default=1.0)))
+            # A fake clock moves only when a test moves it: look at it again soon, in real time.
+            self._wake.wait(max(0.01, min(waits, default=1.0)) if self._clock is SYSTEM_CLOCK else 0.01)
             self._wake.clear()
 
     def _run_probe(self, name: str, url: str, generation: int, settings: HealthChecks) -> None:
@@ -223,9 +230,10 @@ class HealthChecker:
             if not passive:
                 entry.probing = False
             before = entry.health
-            entry.health = observe(before, result, self._settings, time.time())
-            entry.due = min(entry.due, time.monotonic() + next_delay(entry.health, self._settings)) if passive \
-                else time.monotonic() + next_delay(entry.health, self._settings)
+            entry.health = observe(before, result, self._settings, self._clock.time())
+            now = self._clock.monotonic()
+            delay = next_delay(entry.health, self._settings)
+            entry.due = min(entry.due, now + delay) if passive else now + delay
             after = entry.health
         if passive:
             self._wake.set()  # the loop may be sleeping until a healthy backend's far-off probe

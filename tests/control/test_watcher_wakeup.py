@@ -8,11 +8,11 @@ import json
 import os
 import signal
 import threading
-import time
 from urllib.parse import parse_qs, urlparse
 
 from orchestrator.control.watcher_wakeup import Wakeup
 from orchestrator.proc import wait_until
+from orchestrator.proc.clock import FakeClock
 from tests.control.conftest import MODEL_ID, Env
 from tests.support.sessions import healthy, pids
 from tests.support.stub_http import StubHandler, StubServer
@@ -25,6 +25,8 @@ class FakeCoordinator:
         self.state = "ready"
         self.changed = threading.Condition()
         self.asked = 0
+        self.waiting = 0  # long polls waiting now
+        self.released = 0  # long polls answered because the state changed (not at the end of their wait)
         fake = self
 
         class Handler(StubHandler):
@@ -33,7 +35,10 @@ class FakeCoordinator:
                 fake.asked += 1
                 with fake.changed:
                     if q.get("unless"):
-                        fake.changed.wait_for(lambda: fake.state != q["unless"], float(q.get("wait", 0)))
+                        fake.waiting += 1
+                        fake.released += fake.changed.wait_for(lambda: fake.state != q["unless"],
+                                                                float(q.get("wait", 0)))
+                        fake.waiting -= 1
                     ready = fake.state == "ready"
                     body = json.dumps({"status": fake.state, "ready": ready}).encode()
                 self.reply(200 if ready else 503, body)
@@ -53,19 +58,19 @@ class FakeCoordinator:
 
 def test_a_state_change_wakes_the_watcher_and_a_steady_state_does_not():
     coordinator = FakeCoordinator()
-    woken: list[float] = []
-    pulse = Wakeup(lambda: woken.append(time.monotonic()), long_poll_s=30.0, quiet_s=30.0)
+    woken: list[str] = []
+    pulse = Wakeup(lambda: woken.append(coordinator.state), long_poll_s=30.0, quiet_s=30.0)
     try:
         pulse.follow({"s1": coordinator.url})
         # Its first answer is followed by the long poll at once (a fault right after a recovery
-        # is heard at once too), not after a pause.
-        wait_until(lambda: coordinator.asked >= 2, 5, message="the long poll to follow the first answer")
-        time.sleep(0.5)
+        # is heard at once too), not after a pause; while it waits nothing else is asked.
+        wait_until(lambda: coordinator.waiting == 1, 5, message="the long poll to follow the first answer")
+        assert pulse.following() == {"s1"}
         assert woken == [] and coordinator.asked == 2  # one answer, then one long poll that waits
-        changed = time.monotonic()
         coordinator.set("unhealthy")
         wait_until(lambda: woken, 10, message="the pulse to wake the watcher")
-        assert woken[0] - changed < 5.0  # at once (generous: loaded 2-core machine), not after its 30 s wait
+        # woken by the long poll the change answered, not at the end of its 30 s wait
+        assert woken[0] == "unhealthy" and coordinator.released == 1
         pulse.follow({})
         assert pulse.following() == set()
     finally:
@@ -75,14 +80,18 @@ def test_a_state_change_wakes_the_watcher_and_a_steady_state_does_not():
 
 def test_a_coordinator_that_stops_answering_wakes_the_watcher_once_not_in_a_loop():
     coordinator = FakeCoordinator()
+    clock = FakeClock()
     woken: list[float] = []
-    pulse = Wakeup(lambda: woken.append(time.monotonic()), long_poll_s=30.0, quiet_s=0.2, retry_s=0.05)
+    pulse = Wakeup(lambda: woken.append(clock.monotonic()), long_poll_s=30.0, quiet_s=0.2, retry_s=0.05, clock=clock)
     try:
         pulse.follow({"s1": coordinator.url})
-        wait_until(lambda: coordinator.asked >= 2, 10, message="the long poll to be waiting")
+        wait_until(lambda: coordinator.waiting == 1, 10, message="the long poll to be waiting")
         coordinator.close()  # its connections drop, as a killed coordinator's do
         wait_until(lambda: woken, 10, message="the pulse to wake the watcher")
-        time.sleep(1.0)
+        assert pulse.following() == set()  # a coordinator that does not answer is not long-polled
+        # two seconds of retries on the pulse's clock: forty refused connections, every 0.05 s
+        since = clock.monotonic()
+        wait_until(lambda: clock.monotonic() - since >= 2.0, 30, 0.01, message="forty retries")
         assert len(woken) <= 2, woken  # the drop (and perhaps the waiting reply it cut); then quiet
     finally:
         pulse.stop()
@@ -98,13 +107,10 @@ def test_a_killed_stage_is_a_fault_at_once_however_long_the_watch_interval(env: 
     env = dataclasses.replace(env, orch=orch)
     s = healthy(env, orch.launch(env.session(), MODEL_ID).id)
     orch.watcher.wake()  # the cycle that starts following the new session (the next one is 60 s away)
+    # its first answer, then the long poll that answers when the coordinator's state changes
     wait_until(lambda: s.id in orch.watcher.pulsed(), 30, message="the session to be long-polled")
-    time.sleep(1.5)  # its first answer, then the long poll
-    killed = time.monotonic()
     os.kill(pids(env, s.id)["stage-1"], signal.SIGKILL)
+    # Seen within 30 s, half the 60 s interval: only the pulse can have woken the watcher for it.
     orch.wait(lambda st: len(st.session(s.id).faults) >= 1, 30)
-    seen = time.monotonic() - killed
     fault = orch.state.session(s.id).faults[-1]
     assert "stage-1" in fault.processes, fault
-    assert seen < 10.0, seen  # generous (a loaded machine), and far below the 60 s interval
-    print(f"kill -9 of stage-1 -> fault seen in {seen:.2f} s with a 60 s watch interval")

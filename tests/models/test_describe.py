@@ -6,7 +6,6 @@ import json
 import re
 import shutil
 import struct
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from orchestrator.models import describe
 from orchestrator.models.describe import ModelDescriptionError, describe_model, read_safetensors_header
 from orchestrator.testmodels.llama import make_test_model
 
@@ -91,8 +91,28 @@ def write_safetensors(path: Path, header: dict, data: bytes = b"", length: int |
     path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
 
 
-def test_reads_headers_only(tmp_path: Path, models: dict[str, Path]) -> None:
-    """A 40 GB tensor in a sparse file is described at once: the data is never read."""
+class CountedFile:
+    """A file opened for reading that counts the bytes read from it."""
+
+    def __init__(self, path: Path, mode: str) -> None:
+        self.name = Path(path).name
+        self._file = open(path, mode)  # closed by __exit__
+        self.read_bytes = 0
+
+    def __enter__(self) -> CountedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._file.read(n)
+        self.read_bytes += len(data)
+        return data
+
+
+def test_reads_headers_only(tmp_path: Path, models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 40 GB tensor in a sparse file is described from its header: the data is never read."""
     model = Path(shutil.copytree(models["single-tied-f32"], tmp_path / "m"))
     entries = read_safetensors_header(model / "model.safetensors")
     big = 10 * 1024**3  # float32 elements
@@ -105,9 +125,16 @@ def test_reads_headers_only(tmp_path: Path, models: dict[str, Path]) -> None:
     with open(model / "model.safetensors", "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + offset + 4 * big)  # sparse: no data on disk
-    started = time.monotonic()
+    opened: list[CountedFile] = []
+
+    def counted_open(path: Path, mode: str = "r") -> CountedFile:
+        opened.append(CountedFile(path, mode))
+        return opened[-1]
+
+    monkeypatch.setattr(describe, "open", counted_open, raising=False)  # describe's own reads go through it
     d = describe_model(model)
-    assert time.monotonic() - started < 1.0
+    weights = [f for f in opened if f.name == "model.safetensors"]
+    assert weights and all(f.read_bytes == 8 + len(raw) for f in weights)  # the length prefix and the header
     assert d.layer_bytes[3] == 147_968 + 4 * big
 
 

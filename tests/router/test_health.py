@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from orchestrator import logs
 from orchestrator.proc import wait_until
+from orchestrator.proc.clock import FakeClock
 from orchestrator.router.config import BackendConfig, HealthChecks
-from orchestrator.router.health import BackendHealth, HealthChecker, ProbeResult, next_delay, observe
+from orchestrator.router.health import (
+    RECHECK_NOT_HEALTHY,
+    BackendHealth,
+    HealthChecker,
+    ProbeResult,
+    next_delay,
+    observe,
+)
 
 S = HealthChecks(interval=10, unhealthy_threshold=3, healthy_threshold=2)
 OK = ProbeResult(200, ("m",))
@@ -86,6 +93,23 @@ def test_checker_probes_new_backends_at_once_keeps_health_across_reload_and_drop
         checker.stop()
 
 
+class WatchedClock(FakeClock):
+    """A fake clock that counts how often it is read: the checker's loop reads it once a pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return super().monotonic()
+
+    def passes(self, n: int = 2) -> None:
+        """Until the checker's loop has looked at the time `n` more times (n passes)."""
+        seen = self.reads
+        wait_until(lambda: self.reads >= seen + n, 5, 0.001, message=f"{n} passes of the checker's loop")
+
+
 def test_disabled_checks_make_every_backend_routable_without_probing():
     # The prober runs on the checker's pool, which turns any exception into a failed probe:
     # it records its calls, and the test asserts on them in its own thread.
@@ -95,13 +119,15 @@ def test_disabled_checks_make_every_backend_routable_without_probing():
         calls.append(url)
         return OK
 
-    checker = HealthChecker(logs.get("test"), prober)
+    clock = WatchedClock()
+    checker = HealthChecker(logs.get("test"), prober, clock)
     a = BackendConfig(name="a", url="http://a:1")
     checker.configure((a,), HealthChecks(enabled=False, interval=0.05))
     checker.start()
     try:
         assert checker.snapshot()["a"].routable
-        time.sleep(0.2)  # an absence needs a window: four probe intervals in which nothing may happen
+        clock.advance(3600)  # an hour of 0.05 s intervals: every probe would be long due
+        clock.passes()
         assert calls == [] and checker.snapshot()["a"].routable
         checker.configure((a,), HealthChecks(enabled=True, interval=0.05))  # the same checker does probe when enabled
         wait_until(lambda: calls, 5, 0.01, "a probe once checks are enabled")
@@ -111,9 +137,17 @@ def test_disabled_checks_make_every_backend_routable_without_probing():
 
 def test_a_503_answer_to_a_proxied_request_takes_the_backend_out_before_its_next_probe():
     """A coordinator repairing its pipeline answers 503: the router stops routing to it at once
-    (its own 503 + Retry-After follows), not only after the next probe, `interval` later."""
+    (its own 503 + Retry-After follows), not only after the next probe, `interval` later; it is
+    probed again a second later (RECHECK_NOT_HEALTHY), not after the healthy backend's 60 s."""
     results = [OK]
-    checker = HealthChecker(logs.get("test"), lambda url, s: results[-1])
+    probes: list[float] = []
+    clock = WatchedClock()
+
+    def prober(url: str, s: HealthChecks) -> ProbeResult:
+        probes.append(clock.monotonic())
+        return results[-1]
+
+    checker = HealthChecker(logs.get("test"), prober, clock)
     a = BackendConfig(name="a", url="http://a:1")
     checker.configure((a,), HealthChecks(interval=60, healthy_threshold=1))
     checker.start()
@@ -122,6 +156,11 @@ def test_a_503_answer_to_a_proxied_request_takes_the_backend_out_before_its_next
         checker.report_unavailable("a", "http://a:1", "HTTP 503 to a proxied request")
         h = checker.snapshot()["a"]
         assert h.state == "warming" and not h.routable and h.last_status == 503, h
-        wait_until(lambda: checker.snapshot()["a"].routable, 5, 0.01, "a re-probe within a second, not 60 s")
+        clock.advance(RECHECK_NOT_HEALTHY - 0.01)
+        clock.passes()
+        assert probes == [0.0] and not checker.snapshot()["a"].routable  # not re-probed before its second
+        clock.advance(0.01)
+        wait_until(lambda: checker.snapshot()["a"].routable, 5, 0.01, "the re-probe a second later")
+        assert probes == [0.0, RECHECK_NOT_HEALTHY]
     finally:
         checker.stop()
