@@ -5,7 +5,7 @@ Usage: PYTHONPATH=. .venv/bin/python -m e2e.bench.lookup_replay [--model smollm2
 For each workload of the speculation benchmark (e2e/bench/speculation.py) this takes the model's greedy
 answer from single-process mlx-lm, then replays the coordinator's drafting on it step by step —
 `drafting.Lookup` over prompt and answer so far, `drafting.DraftLength` adapting k from each pass, the
-room a pass may use as `speculation.Speculating._draft` computes it — for each shortest match length
+room a pass may use as `speculation.Speculation.draft` computes it — for each shortest match length
 `min_ngram`. Greedy verification accepts a draft's longest prefix that equals the answer, so the passes,
 drafts and accepted tokens are exactly what a cluster would see. What a pass costs is measured here, in
 the same run: the whole model's step over a chunk of 1 + d tokens (every core's BLAS threads, as a lone

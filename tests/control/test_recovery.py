@@ -105,7 +105,8 @@ def test_a_wedged_stage_is_replaced_with_its_post_mortem(stage_1_wedges, env: En
     assert fault.processes == ("stage-1",) and "wedged" in fault.reason, fault
     [mortem] = fault.post_mortems
     assert mortem.ended.startswith("still running") and "wedged" in mortem.ended, mortem
-    assert mortem.progress is not None and mortem.progress.busy_s > 2, mortem
+    # busy_s is the last PONG's, read a moment before the verdict (no progress for 2 s)
+    assert mortem.progress is not None and mortem.progress.busy_s > 1, mortem
     after = pids(env, s.id)
     assert after["stage-0"] == before["stage-0"] and after["coordinator"] == before["coordinator"]
     assert after["stage-1"] != before["stage-1"]

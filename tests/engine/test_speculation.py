@@ -2,7 +2,7 @@
 
 Stages are real processes; the coordinator's scheduler runs in the test process (harness.InTestCoordinator).
 A random test model never repeats its context, so prompt lookup would draft nothing it accepts: the drafts
-come from an oracle (`Pipeline.draft_source`) that knows the reference answer and spoils one drafted token
+come from an oracle (`Speculation.draft_source`) that knows the reference answer and spoils one drafted token
 of most passes, so that passes accept all, some and none of their drafts (prompt lookup itself is tested in
 tests/engine/coordinator/test_drafting.py, and measured on a real model by e2e/bench/speculation.py).
 Log-probs are not compared bit for bit: a verification chunk scores k+1 positions in one matmul, whose
@@ -59,8 +59,8 @@ def _oracle(want: dict[tuple[int, ...], list[int]]):
 
 def _coordinator(cluster, want, eos=None) -> InTestCoordinator:
     coord = InTestCoordinator(cluster, eos=eos)
-    coord.pipeline.draft_source = _oracle(want)
-    coord.pipeline.speculate_alone = False  # steps that mix speculating and plain requests too
+    coord.pipeline.speculation.draft_source = _oracle(want)
+    coord.pipeline.speculation.alone_only = False  # steps that mix speculating and plain requests too
     return coord
 
 

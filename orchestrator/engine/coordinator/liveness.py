@@ -1,29 +1,19 @@
-"""Whether the coordinator's pipeline can serve: its links, pings, wedged stages and probes.
+"""Whether the coordinator's stages are alive and making progress: pings, wedges, canaries, the probe.
 
-The scheduler thread (`pipeline.Pipeline`) owns this state with everything else; this module
-is the half of it that watches the stages rather than the requests. Every tick it pings each
-connected stage and loses one that stays silent, asks the watchdog about stuck steps, sends an
-idle canary now and then, and re-probes an unhealthy pipeline whose links are all up. A link
-coming up resets the stages and runs the readiness probe; a stage that moved to another node
-(engine/stage_address.py) is re-dialled at its new address. `health` is the snapshot HTTP threads read.
+`Liveness` is owned by the scheduler thread (`pipeline.Pipeline`) and performs no I/O: every tick it
+says what is due (`Verdicts`: a round of pings, stages silent too long, stages wedged or moving
+again, an idle canary), and the scheduler acts on it. Progress is judged by the `Watchdog`
+(no progress while work waits; slow is not stuck). `Probe` holds what the readiness probe must
+answer: the first token of the first probe that passed, which every later probe must repeat.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
 
-from orchestrator.engine.coordinator.generation import Failed, Generation, GenerationParams, Health, StageHealth
+from orchestrator.engine.coordinator.generation import Health, StageHealth
 from orchestrator.engine.coordinator.links import StageLink, now
 from orchestrator.engine.coordinator.watchdog import Watchdog
-from orchestrator.engine.stage_address import route_frame
-from orchestrator.engine.tensors import tokens_frame
-from orchestrator.engine.wire import Frame, Kind
-from orchestrator.logs import EventLogger
-
-if TYPE_CHECKING:
-    from orchestrator.engine.coordinator.pipeline import _Active
 
 TICK = 0.1
 PING_INTERVAL = 0.5
@@ -44,202 +34,135 @@ REPROBE_TOKENS = 1
 REPROBE_INTERVAL = 5.0
 
 
+@dataclass
+class Verdicts:
+    """What one tick found due, for the scheduler to act on."""
+
+    ping: bool = False  # send every connected stage a PING
+    lost: list[tuple[int, str]] = field(default_factory=list)  # silent past PING_TIMEOUT
+    wedged: list[tuple[int, str]] = field(default_factory=list)  # work waits, no progress
+    recovered: list[int] = field(default_factory=list)  # judged wedged, moving again
+    canary: bool = False  # the pipeline is idle: send a canary through it
+
+
 class Liveness:
-    """The stage-watching half of `Pipeline` (a mixin: it runs on the scheduler thread, and the
-    request half supplies `_open`, `_launch`, `_admit`, `_finish`, `_fail_all` and `_send`)."""
+    """Per-stage liveness bookkeeping over the links: when each was last heard, its last PONG, its wedge."""
 
-    links: list[StageLink]
-    log: EventLogger
-    watchdog: Watchdog
-    health: Health
-    _inbox: queue.SimpleQueue
-    _active: dict[int, "_Active"]
-    _last_seen: dict[int, float]
-    _stats: dict[int, dict]
-    _wedged: dict[int, str]  # stage index -> why; cleared when it moves again or its connection goes
-    _state: str
-    _reason: str
-    _last_tick: float
-    _last_ping: float
-    _last_probe: float
-    _last_busy: float
-    _canary_every: float
-    _state_changed: threading.Condition
-    _probe_answer: int | None  # the first token of the first passed probe (greedy)
-    _probe_firsts: list[int]  # the current probe's first tokens, one per request
+    def __init__(self, links: list[StageLink], watchdog: Watchdog, canary_every: float) -> None:
+        self.links = links
+        self.watchdog = watchdog
+        self.canary_every = canary_every
+        self.last_seen: dict[int, float] = {}
+        self.stats: dict[int, dict] = {}  # stage index -> its last PONG document
+        self.wedged: dict[int, str] = {}  # stage index -> why; cleared when it moves again or its connection goes
+        self.last_probe = 0.0
+        self._last_tick = 0.0
+        self._last_ping = 0.0
+        self._last_busy = now()
 
-    if TYPE_CHECKING:  # supplied by the request half (pipeline.Pipeline) and the prompt-cache half;
-        # type-only: a stub here would shadow, in Pipeline's MRO, the mixin after this one that defines it
-        def _open(self, gen: Generation, internal: bool, canary: bool = False) -> "_Active": ...
-        def _launch(self, members: list["_Active"], prefix: list[Frame] | None = None, solo: bool = True) -> None: ...
-        def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None: ...
-        def _finish(self, a: "_Active", event: Any) -> None: ...
-        def _fail_all(self, message: str) -> None: ...
-        def _send(self, index: int, frames: list[Frame]) -> bool: ...
-        def _forget_cache(self, reason: str) -> None: ...
+    def heard(self, index: int, t: float) -> None:
+        """Stage `index` sent something."""
+        self.last_seen[index] = t
 
-    def _tick(self) -> None:
-        t = now()
+    def pong(self, index: int, stats: dict, t: float) -> None:
+        """Stage `index`'s PONG: its figures and progress."""
+        self.stats[index] = stats
+        self.watchdog.observe(index, stats.get("progress") or {}, t)
+
+    def connected(self, index: int, t: float) -> None:
+        """A (new) connection to stage `index`: a process starting from scratch."""
+        self.last_seen[index] = t
+        self.watchdog.forget(index)
+
+    def gone(self, index: int) -> None:
+        """Stage `index`'s connection is gone."""
+        self.stats.pop(index, None)
+        self.wedged.pop(index, None)
+        self.watchdog.forget(index)
+
+    def all_stats(self) -> list[dict]:
+        """Every stage's last PONG, or [] until every stage has sent one."""
+        return list(self.stats.values()) if len(self.stats) == len(self.links) else []
+
+    def tick(self, t: float, *, busy: bool, idle_and_ready: bool) -> Verdicts | None:
+        """What is due at `t` (None: the last tick was under TICK ago). `busy`: a request (not a canary)
+        is in flight; `idle_and_ready`: nothing is in flight and the pipeline is ready."""
         if t - self._last_tick < TICK:
-            return
+            return None
         paused = t - self._last_tick - PING_INTERVAL if self._last_tick else 0.0
         if paused > 0:  # this thread was busy (a draft model's step): the stages' silence meanwhile is ours
-            for index in self._last_seen:
-                self._last_seen[index] += paused
+            for index in self.last_seen:
+                self.last_seen[index] += paused
         self._last_tick = t
+        v = Verdicts()
         if t - self._last_ping >= PING_INTERVAL:
-            self._last_ping = t
-            for link in self.links:
-                if link.conn is not None:
-                    self._send(link.index, [Frame(Kind.PING)])
+            self._last_ping, v.ping = t, True
         for link in self.links:
-            seen = self._last_seen.get(link.index)
+            seen = self.last_seen.get(link.index)
             if link.conn is not None and seen is not None and t - seen > PING_TIMEOUT:
-                self._lose(link.index, f"no answer for {PING_TIMEOUT:.1f} s")
-        self._watch(t)
-        probe = next((a for a in self._active.values() if a.internal and not a.canary), None)
-        if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
-            self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
-        elif (probe is None and self._state == "unhealthy" and all(ln.conn is not None for ln in self.links)
-              and not self._wedged and t - self._last_probe > REPROBE_INTERVAL):
-            self._probe()
-        self.health = self._snapshot()
-
-    def _watch(self, t: float) -> None:
-        """Wedge detection (see `watchdog`): a stuck stage, an overdue canary; an idle pipeline
-        sends a canary now and then, so a stage that wedged while idle is found before a request is."""
+                v.lost.append((link.index, f"no answer for {PING_TIMEOUT:.1f} s"))
         for link in self.links:
             if link.conn is None:
                 continue
-            if link.index in self._wedged:
+            if link.index in self.wedged:
                 if self.watchdog.recovered(link.index):
-                    self._unwedge(link.index)
-                continue
-            why = self.watchdog.wedged(link.index, t)
-            if why:
-                self._wedge(link.index, why)
+                    v.recovered.append(link.index)
+            else:
+                why = self.watchdog.wedged(link.index, t)
+                if why:
+                    v.wedged.append((link.index, why))
         overdue = self.watchdog.canary_overdue(t)
         if overdue is not None:
-            self._wedge(*overdue)
-        if any(not a.canary for a in self._active.values()):
+            v.wedged.append(overdue)
+        if busy:
             self._last_busy = t
-        elif (self._state == "ready" and not self._active and self.watchdog.canary_sent_at is None
-              and t - self._last_busy > self._canary_every):
-            self._last_busy = t
+        elif idle_and_ready and self.watchdog.canary_sent_at is None and t - self._last_busy > self.canary_every:
+            self._last_busy, v.canary = t, True
             self.watchdog.canary_sent(t)
-            self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
-                        internal=True, canary=True)
+        return v
 
-    def _wedge(self, index: int, why: str) -> None:
-        """Declare a stage wedged: its link stays (pings still answer) but nothing is sent through it
-        until it moves again (`_unwedge`) or its connection goes (the control plane replaces the process)."""
-        self._wedged[index] = why
-        self.watchdog.canary_returned()
-        message = f"pipeline stage {self.links[index].label} wedged: {why}"
-        self.log.warning("stage.wedged", stage=self.links[index].node_id, reason=why, progress=self._stats.get(index),
-                         failed_requests=len(self._active))
-        self._fail_all(message)
-        self._set_state("unhealthy", message)
+    def may_reprobe(self, t: float) -> bool:
+        """An unhealthy pipeline whose links are all up, no stage wedged, is probed again now and then."""
+        return (not self.wedged and all(ln.conn is not None for ln in self.links)
+                and t - self.last_probe > REPROBE_INTERVAL)
 
-    def _unwedge(self, index: int) -> None:
-        """A stage judged wedged computes again (it was slow, or stuck for a while): drop the stale
-        requests it still holds (a RESET down the chain) and probe; the pipeline serves again on its own."""
-        why = self._wedged.pop(index)
-        self.log.info("stage.recovered", stage=self.links[index].node_id, was=why)
-        if not self._wedged and all(ln.conn is not None for ln in self.links):
-            self._send(0, [Frame(Kind.RESET)])
-            self._probe()
+    def snapshot(self, state: str, reason: str, in_flight: int) -> Health:
+        """The health snapshot HTTP threads read."""
+        t = now()
+        return Health(state, reason, tuple(
+            StageHealth(ln.node_id, f"{ln.address[0]}:{ln.address[1]}", ln.conn is not None,
+                        round(t - self.last_seen[ln.index], 3) if ln.index in self.last_seen and ln.conn else None,
+                        dict(self.stats.get(ln.index, {})), self.wedged.get(ln.index, ""))
+            for ln in self.links), in_flight)
 
-    def _on_link_up(self, index: int, conn) -> None:
-        link = self.links[index]
-        if link.conn is not None:
-            link.conn.close()
-        link.conn = conn
-        self._last_seen[index] = now()
-        self.watchdog.forget(index)
-        self.log.info("link.up", stage=link.node_id)
-        self._forget_cache(f"stage {link.label} (re)connected")
-        if all(ln.conn is not None for ln in self.links):
-            # Stale per-request state from before must go. RESET travels down the chain from
-            # stage 0, so every stage sees it before the probe's OPEN on the same path.
-            # The addresses go first: a stage that moved is then reached by its upstream
-            # neighbour before the RESET and the probe travel the chain.
-            self._send(0, [route_frame([ln.address for ln in self.links]), Frame(Kind.RESET)])
-            self._probe()
 
-    def _on_reroute(self, index: int, address: tuple[str, int]) -> None:
-        link = self.links[index]
-        if address == link.address:
-            return
-        self.log.info("link.moved", stage=link.node_id, address=f"{address[0]}:{address[1]}",
-                      was=f"{link.address[0]}:{link.address[1]}")
-        link.address = address  # the link's next connect goes there
-        if link.conn is not None:  # still the old process (e.g. its node cut off): leave it
-            self._lose(index, f"moved to {address[0]}:{address[1]}")
+class Probe:
+    """What the readiness probe must answer: after the first probe passed, its first token (greedy)."""
 
-    def _probe(self) -> None:
-        """Healthy means generations went through every stage the way requests do, not just open ports."""
-        self._last_probe = now()
-        self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
-        tokens = PROBE_TOKENS if self._probe_answer is None else REPROBE_TOKENS
-        self._probe_firsts = []
-        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=tokens), self._inbox),
-                              internal=True) for _ in range(PROBE_REQUESTS)]
-        chunks = [tokens_frame(a.rid, 0, PROBE_PROMPT[:-1]) for a in members]
-        for a in members:
-            a.position, a.next_token = len(PROBE_PROMPT) - 1, PROBE_PROMPT[-1]
-        if self._send(0, [m.opened for m in members] + chunks):
-            self._launch(members, solo=False)  # not SOLO: a fresh stage warms up on its usual threads
+    def __init__(self) -> None:
+        self.answer: int | None = None  # the first token of the first passed probe
+        self._firsts: list[int] = []  # the current probe's first tokens, one per request
 
-    def _probe_token(self, token: int) -> str:
-        """Check a probe request's first sampled token: "" when it is the pipeline's answer
-        (every request of a probe, and every probe after the first that passed), else why not."""
-        self._probe_firsts.append(token)
-        expected = self._probe_answer if self._probe_answer is not None else self._probe_firsts[0]
+    def started(self) -> int:
+        """A probe starts: how many tokens each of its requests generates."""
+        self._firsts = []
+        return PROBE_TOKENS if self.answer is None else REPROBE_TOKENS
+
+    def check(self, token: int) -> str:
+        """A probe request's first sampled token: "" when it is the pipeline's answer (every request of
+        a probe, and every probe after the first that passed), else why not."""
+        self._firsts.append(token)
+        expected = self.answer if self.answer is not None else self._firsts[0]
         if token == expected:
             return ""
         return (f"the probe sampled token {token} where this pipeline answers {expected} "
                 "(greedy): a stage computes differently")
 
-    def _probe_passed(self) -> None:
+    def passed(self) -> None:
         """Remember the first passed probe's answer: later probes are checked against it."""
-        if self._probe_answer is None and self._probe_firsts:
-            self._probe_answer = self._probe_firsts[0]
+        if self.answer is None and self._firsts:
+            self.answer = self._firsts[0]
 
-    def _lose(self, index: int, reason: str) -> None:
-        link = self.links[index]
-        if link.conn is not None:
-            link.conn.close()
-            link.conn = None
-        self._stats.pop(index, None)
-        self._wedged.pop(index, None)
-        self.watchdog.forget(index)
-        message = f"pipeline stage {link.label} lost: {reason}"
-        self._forget_cache(message)
-        self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self._active))
-        self._fail_all(message)
-        self._set_state("unhealthy" if self._state in ("ready", "warming", "unhealthy") else "starting", message)
 
-    def _set_state(self, state: str, reason: str) -> None:
-        if (state, reason) != (self._state, self._reason):
-            self.log.info("pipeline.state", state=state, reason=reason)
-        self._state, self._reason = state, reason
-        self.health = self._snapshot()
-        with self._state_changed:
-            self._state_changed.notify_all()
-
-    def wait_while(self, state: str, timeout: float) -> Health:
-        """The health once the pipeline's state is no longer `state`, or after `timeout` s
-        (any thread). A watcher long-polls this: a lost stage is known to the control plane
-        when the coordinator learns it (its socket closed), not at the watcher's next look."""
-        with self._state_changed:
-            self._state_changed.wait_for(lambda: self.health.state != state, timeout)
-        return self.health
-
-    def _snapshot(self) -> Health:
-        t = now()
-        return Health(self._state, self._reason, tuple(
-            StageHealth(ln.node_id, f"{ln.address[0]}:{ln.address[1]}", ln.conn is not None,
-                        round(t - self._last_seen[ln.index], 3) if ln.index in self._last_seen and ln.conn else None,
-                        dict(self._stats.get(ln.index, {})), self._wedged.get(ln.index, ""))
-            for ln in self.links), len(self._active))
+__all__ = ["PING_TIMEOUT", "PROBE_PROMPT", "PROBE_REQUESTS", "PROBE_TIMEOUT", "TICK", "Liveness", "Probe",
+           "Verdicts"]

@@ -83,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     log.info("tokenizer.loaded", pipeline=pipeline.health.state)
     if draft_dir is not None:
         try:
-            pipeline.drafter = DraftModel(draft_dir)  # its tokenizer was checked above
+            pipeline.speculation.drafter = DraftModel(draft_dir)  # its tokenizer was checked above
         except DraftModelError as exc:
             log.error("config.invalid", reason=exc)
             pipeline.stop()
             server.shutdown()
             return 2
-        log.info("draft.loaded", model=str(draft_dir), weight_bytes=pipeline.drafter.weight_bytes)
+        log.info("draft.loaded", model=str(draft_dir), weight_bytes=pipeline.speculation.drafter.weight_bytes)
     coordinator = Coordinator(pipeline, tokenizer, name, metrics, log, secret, args.model)
     refusal = coordinator.prepare_grammars()  # before serving: never on a request's thread
     log.info("grammars.prepared", **({"refusal": refusal} if refusal else {}))

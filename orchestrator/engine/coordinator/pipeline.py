@@ -1,68 +1,61 @@
 """The coordinator's scheduler: drives requests through the stages and keeps them busy.
 
-One thread owns all scheduling state and is fed by one inbox (submissions and
-cancellations from HTTP threads, frames and link events from the stage links). Prefill is
-sent in `prefill_step_size` chunks exactly as `mlx_lm.generate_step` does; decode steps of
-ready requests are grouped into micro-batches, with up to one group in flight per stage so
-that every stage works on a different group at the same time. What the stages answer (RESULT,
-ERROR, PONG frames) and a request's end are in `answering`; watching the stages (pings, wedges,
-the readiness probe, a moved stage) is the other half of the thread: `liveness`.
+One thread owns all scheduling state and is fed by one inbox (submissions and cancellations from
+HTTP threads, frames and link events from the stage links). Prefill is sent in `prefill_step_size`
+chunks exactly as `mlx_lm.generate_step` does; decode steps of ready requests are grouped into
+micro-batches, with up to one group in flight per stage so that every stage works on a different
+group at the same time. What the stages answer (RESULT, ERROR, PONG, CACHE frames) becomes each
+request's token events and its end here too.
+
+The scheduler holds its parts and calls them; none of them calls back: the book of requests in
+flight (`requests.Book`), what the stages' liveness makes due (`liveness.Liveness`, which returns
+verdicts this thread acts on) and what the readiness probe must answer (`liveness.Probe`), drafting
+and its passes (`speculation.Speculation`), and the prompt cache (`prompt_caching.PromptCache`, which
+reaches stage 0 through one `send`).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import queue
 import threading
-from dataclasses import dataclass
-from typing import Callable
 
 from orchestrator.engine.config import ClusterConfig
-from orchestrator.engine.coordinator.answering import Answering
-from orchestrator.engine.coordinator.disk_adoption import DiskAdoption
-from orchestrator.engine.coordinator.draft_model import DraftModel
 from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 from orchestrator.engine.coordinator.generation import (
     Failed,
     Finished,
     Generation,
     GenerationParams,
+    Health,
     NotReady,
     TokenEvent,
 )
 from orchestrator.engine.coordinator.links import StageLink, now
-from orchestrator.engine.coordinator.liveness import TICK, Liveness
+from orchestrator.engine.coordinator.liveness import (
+    PROBE_PROMPT,
+    PROBE_REQUESTS,
+    PROBE_TIMEOUT,
+    TICK,
+    Liveness,
+    Probe,
+)
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
-from orchestrator.engine.coordinator.prompt_caching import PromptCaching
-from orchestrator.engine.coordinator.speculation import Speculating, drafts_now
+from orchestrator.engine.coordinator.prompt_caching import PromptCache
+from orchestrator.engine.coordinator.requests import Active, Book
+from orchestrator.engine.coordinator.speculation import Speculation
 from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
+from orchestrator.engine.stage.sampling import decode_result
+from orchestrator.engine.stage_address import route_frame
 from orchestrator.engine.steptrace import StepTrace
 from orchestrator.engine.tensors import tokens_frame
-from orchestrator.engine.wire import Flag, Frame, Kind, json_frame
+from orchestrator.engine.wire import Flag, Frame, FrameError, Kind, json_frame
 from orchestrator.logs import EventLogger
 
 
-@dataclass
-class _Active:
-    gen: Generation
-    rid: int
-    position: int = 0
-    generated: int = 0
-    next_token: int = 0
-    cancelled: bool = False
-    internal: bool = False  # the readiness probe or the idle canary: never counted as a request
-    canary: bool = False
-    opened: Frame | None = None  # its OPEN frame, sent ahead of its first chunk
-    tokens: list[int] | None = None  # generated so far (what a prompt-cache entry of it covers)
-    reuse: Reuse | None = None  # the prompt-cache entry it started from
-    lookup: Lookup | None = None  # its prompt and output, indexed for drafting (None: it never speculates)
-    length: DraftLength | None = None  # how many tokens it drafts next
-
-
-class Pipeline(Liveness, PromptCaching, Speculating, Answering):
+class Pipeline:
     """Coordinator-side engine over the configured stages."""
 
     def __init__(self, config: ClusterConfig, secret: bytes, eos_ids: set[int], context_length: int,
@@ -76,52 +69,31 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
         self.prefill_step = config.cluster.prefill_step_size
         self.max_batch = config.cluster.max_batch
         self.max_requests = config.cluster.max_requests
+        self.speculative_tokens = config.cluster.speculative_tokens
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # C put/get: a cheaper hand-off per token
         self.links = [
             StageLink(i, s.id, s.host_port, secret, config.cluster.max_frame_bytes, self._inbox, log)
             for i, s in enumerate(config.stages)
         ]
-        # scheduler-thread state
-        self._ids = itertools.count(int.from_bytes(os.urandom(3), "little") << 32)
-        self._active: dict[int, _Active] = {}
-        self._ready: list[int] = []
-        self._group_of: dict[int, int] = {}
-        self._group_left: dict[int, int] = {}
-        self._group_ids = itertools.count(1)
-        self._passes: dict[int, list[int]] = {}  # request -> [drafted, RESULTs received] of its pass in flight
-        self._emitted: list[tuple[Generation, TokenEvent | Finished | Failed]] = []  # for `_deliver`
-        self.trace = StepTrace.of("coordinator")  # None unless PIPESERVE_STEP_TRACE names a file
-        self.speculative_tokens = config.cluster.speculative_tokens
-        # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
-        # to drive verification through chosen accepts and rejections.
-        self.draft_source: Callable[[list[int], int], list[int]] | None = None
-        # The cluster's draft model (main.py loads it): drafts instead of prompt lookup; this thread runs it.
-        self.drafter: DraftModel | None = None
-        # Draft only for a request alone in the pipeline (speculation.drafts_now). Tests turn it off to
-        # drive steps that mix speculating and plain requests.
-        self.speculate_alone = True
-        self._last_seen: dict[int, float] = {}
-        self._last_ping = 0.0
-        self._last_tick = 0.0
-        self._last_probe = 0.0
-        self._probe_answer: int | None = None
-        self._probe_firsts: list[int] = []
-        self._stats: dict[int, dict] = {}
-        self.watchdog = Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s))
-        self._wedged: dict[int, str] = {}  # stage index -> why; cleared when it moves again or its connection goes
-        self._canary_every = canary_interval()
-        self._last_busy = now()
-        self._state, self._reason = "starting", "connecting to stages"
-        self._state_changed = threading.Condition()  # wakes `/health?wait=` long polls (liveness.wait_while)
-        self._stop = threading.Event()
+        # scheduler-thread state: the parts, and what is left of the thread's own
+        self.requests = Book()
+        self.liveness = Liveness(self.links, Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s)),
+                                 canary_interval())
+        self.probe = Probe()
+        self.speculation = Speculation(self.metrics, context_length, self.liveness.all_stats)
         # Entry ids start at a random base, like request ids: a stage never confuses two sessions' entries.
         self.cache = PrefixIndex(len(self.links), config.cluster.prompt_cache_budget,
                                  first_id=int.from_bytes(os.urandom(3), "little") << 32)
         # The disk tier: saves carry their tokens (the stages write files), and once ready the
         # index learns the files every stage holds (a restarted stage comes back warm).
-        self._disk = self.cache.enabled and config.cluster.prompt_cache_disk_bytes > 0
-        self._adoption = DiskAdoption(len(self.links), self.cache.budget)
-        self.health = self._snapshot()
+        self.prompt_cache = PromptCache(self.cache, self.cache.enabled and config.cluster.prompt_cache_disk_bytes > 0,
+                                        [ln.node_id for ln in self.links], lambda frames: self._send(0, frames),
+                                        lambda: self.links[0].conn is not None, log, self.metrics)
+        self._emitted: list[tuple[Generation, TokenEvent | Finished | Failed]] = []  # for `_deliver`
+        self.trace = StepTrace.of("coordinator")  # None unless PIPESERVE_STEP_TRACE names a file
+        self._state, self._reason = "starting", "connecting to stages"
+        self._state_changed = threading.Condition()  # wakes `/health?wait=` long polls (`wait_while`)
+        self.health: Health = self.liveness.snapshot(self._state, self._reason, 0)
 
     # --- public, any thread -------------------------------------------------------------
     def start(self) -> None:
@@ -153,7 +125,15 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
         self._inbox.put(("submit", gen, False))
         return gen
 
-    # --- scheduler thread ---------------------------------------------------------------
+    def wait_while(self, state: str, timeout: float) -> Health:
+        """The health once the pipeline's state is no longer `state`, or after `timeout` s
+        (any thread). A watcher long-polls this: a lost stage is known to the control plane
+        when the coordinator learns it (its socket closed), not at the watcher's next look."""
+        with self._state_changed:
+            self._state_changed.wait_for(lambda: self.health.state != state, timeout)
+        return self.health
+
+    # --- the thread and its inbox ---------------------------------------------------------
     def _run(self) -> None:
         while True:
             try:
@@ -165,23 +145,12 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
                     self._shutdown()
                     self._deliver()
                     return
-                self._dispatch_event(item)
+                self._handle(item)
                 self._deliver()
             self._tick()
             self._deliver()
 
-    def _emit(self, gen: Generation, event: TokenEvent | Finished | Failed) -> None:
-        """Queue an event for a request's reader; `_deliver` hands them over once the event at hand
-        is handled (and its next step sent: waking a streaming thread is not on the next token's path)."""
-        self._emitted.append((gen, event))
-
-    def _deliver(self) -> None:
-        """Hand the emitted events to their requests' readers, in order."""
-        emitted, self._emitted = self._emitted, []
-        for gen, event in emitted:
-            gen.events.put(event)
-
-    def _dispatch_event(self, item: tuple) -> None:
+    def _handle(self, item: tuple) -> None:
         what = item[0]
         if what == "frames":
             self._on_frames(item[1], item[2])
@@ -197,14 +166,29 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
             if self.links[item[1]].conn is item[2]:
                 self._lose(item[1], item[3])
 
+    def _emit(self, gen: Generation, event: TokenEvent | Finished | Failed) -> None:
+        """Queue an event for a request's reader; `_deliver` hands them over once the event at hand
+        is handled (and its next step sent: waking a streaming thread is not on the next token's path)."""
+        self._emitted.append((gen, event))
+
+    def _deliver(self) -> None:
+        """Hand the emitted events to their requests' readers, in order."""
+        emitted, self._emitted = self._emitted, []
+        for gen, event in emitted:
+            gen.events.put(event)
+
+    def _set_state(self, state: str, reason: str) -> None:
+        if (state, reason) != (self._state, self._reason):
+            self.log.info("pipeline.state", state=state, reason=reason)
+        self._state, self._reason = state, reason
+        self.health = self.liveness.snapshot(state, reason, len(self.requests.active))
+        with self._state_changed:
+            self._state_changed.notify_all()
+
     def _fail_all(self, message: str) -> None:
-        for a in self._active.values():
+        for a in self.requests.clear():
             self._emit(a.gen, Failed(message))
-        self._active.clear()
-        self._ready.clear()
-        self._group_of.clear()
-        self._group_left.clear()
-        self._passes.clear()
+        self.speculation.clear()
         self.metrics.set_in_flight(0)
 
     def _shutdown(self) -> None:
@@ -214,94 +198,6 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
             if link.conn is not None:
                 link.conn.close()
         self._set_state("stopped", "stopped")
-
-    # --- requests -------------------------------------------------------------------------
-    def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
-        if not internal and self._state != "ready":
-            self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
-            return
-        # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
-        # a canary in flight must not turn the one allowed request away
-        if not internal and self._public_count() >= self.max_requests:
-            self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
-            return
-        prompt = gen.prompt
-        reuse = None if internal else self.cache.plan(prompt, gen.scope)
-        a = self._open(gen, internal, canary, reuse)
-        rid, first = a.rid, [a.opened]
-        # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
-        # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
-        for start, end, checkpoint in self._chunks(gen, reuse.keep if reuse else 0):
-            frames = first + [tokens_frame(rid, start, prompt[start:end], self._solo(1))]
-            if checkpoint:
-                entry = self.cache.add(prompt[:end], "system", gen.scope)
-                frames.append(json_frame(Kind.CACHE, {"snapshot": rid, "as": entry, "tokens": end,
-                                                      **self._disk_part(prompt[:end], "system", gen.scope)}))
-            if not self._send(0, frames):
-                return
-            first = []
-        a.position = len(prompt) - 1
-        a.next_token = prompt[-1]
-        self._launch([a], first)
-        self.metrics.set_in_flight(self._public_count())
-
-    def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None) -> _Active:
-        """Track a new request; its OPEN frame (sampling parameters, the prompt-cache entry it
-        starts from) is `opened`."""
-        rid = next(self._ids)
-        a = _Active(gen, rid, internal=internal, canary=canary, tokens=[], reuse=reuse)
-        gen.rid = rid
-        self._active[rid] = a
-        p = gen.params
-        params = p.sampling_json(gen.prompt)
-        gen.cached_tokens = reuse.keep if reuse is not None else 0
-        if reuse is not None:
-            params["cache"] = {"from": reuse.entry, "keep": reuse.keep}
-            self.cache.used(reuse)
-        a.opened = json_frame(Kind.OPEN, params, request_id=rid)
-        if not internal and self.speculative_tokens and p.grammar is None:
-            a.lookup, a.length = Lookup(tokens=list(gen.prompt)), DraftLength(self.speculative_tokens)
-        return a
-
-    def _chunks(self, gen: Generation, start: int) -> list[tuple[int, int, bool]]:
-        """The prefill chunks of prompt[start:-1], cut also at each mark whose state only a
-        checkpoint could keep (the checkpoint is taken there)."""
-        marks = {m for m in gen.marks if self.cache.needs_checkpoint(m)}
-        return prefill_chunks(len(gen.prompt), start, self.prefill_step, marks)
-
-    def _solo(self, members: int) -> Flag:
-        """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
-        computes only while the others wait for it). Prefill chunks are not tracked as groups, so
-        also require that no other request is active."""
-        return Flag.SOLO if not self._group_left and len(self._active) == members else Flag.NONE
-
-    def _launch(self, members: list[_Active], prefix: list[Frame] | None = None, solo: bool = True) -> None:
-        gid = next(self._group_ids)
-        frames = list(prefix or [])
-        solo = self._solo(len(members)) if solo else Flag.NONE
-        chunks = []
-        may_draft = drafts_now(len(members), len(self._active), self.speculate_alone)
-        for a in members:
-            draft = self._draft(a) if may_draft else []
-            if draft:  # DRAFT frames first: a control frame between two FORWARDs would split the stages' step
-                frames.append(json_frame(Kind.DRAFT, {"tokens": draft}, request_id=a.rid))
-                self._passes[a.rid] = [len(draft), 0]
-            chunks.append(tokens_frame(a.rid, a.position, [a.next_token, *draft], Flag.SAMPLE | solo))
-            self._group_of[a.rid] = gid
-        frames += chunks
-        self._group_left[gid] = len(members)
-        self._send(0, frames)
-        if self.trace is not None:
-            self.trace.mark("sent")
-
-    def _dispatch(self) -> None:
-        """Send ready requests as micro-batches, keeping at most one group per stage in flight."""
-        depth = len(self.links)
-        while self._ready and len(self._group_left) < depth:
-            decoding = len(self._ready) + sum(self._group_left.values())
-            size = min(self.max_batch, max(1, math.ceil(decoding / depth)))
-            batch, self._ready = self._ready[:size], self._ready[size:]
-            self._launch([self._active[r] for r in batch])
 
     def _send(self, index: int, frames: list[Frame]) -> bool:
         link = self.links[index]
@@ -315,3 +211,304 @@ class Pipeline(Liveness, PromptCaching, Speculating, Answering):
             self._lose(index, f"send failed: {exc}")
             return False
 
+    # --- requests in ------------------------------------------------------------------------
+    def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
+        if not internal and self._state != "ready":
+            self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
+            return
+        # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
+        # a canary in flight must not turn the one allowed request away
+        if not internal and self.requests.public_count() >= self.max_requests:
+            self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
+            return
+        prompt = gen.prompt
+        reuse = None if internal else self.cache.plan(prompt, gen.scope)
+        a = self._open(gen, internal, canary, reuse)
+        rid, first = a.rid, [a.opened]
+        # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
+        # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
+        for start, end, checkpoint in self._chunks(gen, reuse.keep if reuse else 0):
+            frames = first + [tokens_frame(rid, start, prompt[start:end], self._solo(1))]
+            if checkpoint:
+                entry = self.cache.add(prompt[:end], "system", gen.scope)
+                frames.append(json_frame(Kind.CACHE, {"snapshot": rid, "as": entry, "tokens": end,
+                                                      **self.prompt_cache.disk_part(prompt[:end], "system",
+                                                                                    gen.scope)}))
+            if not self._send(0, frames):
+                return
+            first = []
+        a.position = len(prompt) - 1
+        a.next_token = prompt[-1]
+        self._launch([a], first)
+        self.metrics.set_in_flight(self.requests.public_count())
+
+    def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None) -> Active:
+        """Track a new request; its OPEN frame (sampling parameters, the prompt-cache entry it
+        starts from) is `opened`."""
+        a = self.requests.open(gen, internal, canary, reuse)
+        params = gen.params.sampling_json(gen.prompt)
+        gen.cached_tokens = reuse.keep if reuse is not None else 0
+        if reuse is not None:
+            params["cache"] = {"from": reuse.entry, "keep": reuse.keep}
+            self.cache.used(reuse)
+        a.opened = json_frame(Kind.OPEN, params, request_id=a.rid)
+        if not internal and self.speculative_tokens and gen.params.grammar is None:
+            a.lookup, a.length = Lookup(tokens=list(gen.prompt)), DraftLength(self.speculative_tokens)
+        return a
+
+    def _chunks(self, gen: Generation, start: int) -> list[tuple[int, int, bool]]:
+        """The prefill chunks of prompt[start:-1], cut also at each mark whose state only a
+        checkpoint could keep (the checkpoint is taken there)."""
+        marks = {m for m in gen.marks if self.cache.needs_checkpoint(m)}
+        return prefill_chunks(len(gen.prompt), start, self.prefill_step, marks)
+
+    def _solo(self, members: int) -> Flag:
+        """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
+        computes only while the others wait for it). Prefill chunks are not tracked as groups, so
+        also require that no other request is active."""
+        return Flag.SOLO if not self.requests.groups and len(self.requests.active) == members else Flag.NONE
+
+    def _launch(self, members: list[Active], prefix: list[Frame] | None = None, solo: bool = True) -> None:
+        frames = list(prefix or [])
+        solo = self._solo(len(members)) if solo else Flag.NONE
+        chunks = []
+        for a in members:
+            draft = self.speculation.draft(a, len(members), len(self.requests.active))
+            if draft:  # DRAFT frames first: a control frame between two FORWARDs would split the stages' step
+                frames.append(json_frame(Kind.DRAFT, {"tokens": draft}, request_id=a.rid))
+            chunks.append(tokens_frame(a.rid, a.position, [a.next_token, *draft], Flag.SAMPLE | solo))
+        frames += chunks
+        self.requests.launched(members)
+        self._send(0, frames)
+        if self.trace is not None:
+            self.trace.mark("sent")
+
+    def _dispatch(self) -> None:
+        """Send ready requests as micro-batches, keeping at most one group per stage in flight."""
+        book, depth = self.requests, len(self.links)
+        while book.ready and len(book.groups) < depth:
+            decoding = len(book.ready) + sum(book.groups.values())
+            size = min(self.max_batch, max(1, math.ceil(decoding / depth)))
+            batch, book.ready = book.ready[:size], book.ready[size:]
+            self._launch([book.active[r] for r in batch])
+
+    def _cancel(self, gen: Generation) -> None:
+        a = self.requests.get(getattr(gen, "rid", None))
+        if a is None:
+            return
+        if a.rid in self.requests.ready:
+            self.requests.ready.remove(a.rid)
+            self._finish(a, None)
+        else:
+            a.cancelled = True  # finished when its in-flight step returns
+
+    # --- answers out --------------------------------------------------------------------------
+    def _on_frames(self, index: int, frames: list[Frame]) -> None:
+        t = now()
+        self.liveness.heard(index, t)
+        if self.trace is not None and frames[0].kind is Kind.RESULT:
+            self.trace.mark("results")
+        for f in frames:
+            if f.kind is Kind.RESULT:
+                self._on_result(f)
+            elif f.kind is Kind.PONG:
+                try:
+                    stats = f.json()
+                    self.metrics.observe_stage(self.links[index].node_id, stats)
+                    self.liveness.pong(index, stats, t)
+                except (FrameError, AttributeError, TypeError, ValueError):
+                    pass
+            elif f.kind is Kind.ERROR:
+                self._on_error(index, f)
+            elif f.kind is Kind.CACHE:
+                self.prompt_cache.on_ack(index, f)
+        self._dispatch()
+
+    def _on_result(self, f: Frame) -> None:
+        last = not f.flags & Flag.RUN  # a verification pass sends its tokens as a RUN of RESULTs
+        self.speculation.result(f.request_id)
+        a = self.requests.get(f.request_id)
+        if last:
+            self.requests.step_returned(f.request_id)
+            self.speculation.pass_returned(f.request_id, a)
+        if a is None:
+            return
+        try:
+            token, logprob, top = decode_result(f.payload)
+        except ValueError as exc:
+            self._finish(a, Failed(f"bad result from the last stage: {exc}", 502))
+            return
+        a.position = f.position
+        if a.cancelled:
+            self._finish(a, None)
+            return
+        a.generated += 1
+        if a.tokens is not None:
+            a.tokens.append(token)
+        if a.lookup is not None:
+            a.lookup.extend([token])
+        if a.generated == 1 and a.internal and not a.canary:
+            wrong = self.probe.check(token)
+            if wrong:
+                self._finish(a, Failed(wrong))
+                return
+        if a.generated == 1 and not a.internal:
+            self.metrics.observe_ttft(now() - a.gen.submitted)
+        self._emit(a.gen, TokenEvent(token, logprob, tuple(top)))
+        if not a.internal:
+            self.metrics.add_tokens(1)
+        if a.internal and a.generated >= a.gen.params.max_tokens:
+            self._finish(a, Finished("length"))
+            if not any(x.internal for x in self.requests.active.values()) and self._state == "warming":
+                self.probe.passed()
+                self._set_state("ready", "all stages served the probe: prefill, sampling and batched decode")
+                self.prompt_cache.list_disk()
+        elif token in self.eos_ids and not a.internal:
+            self._finish(a, Finished("stop"))
+        elif not a.internal and (a.generated >= a.gen.params.max_tokens or a.position >= self.context_length):
+            self._finish(a, Finished("length"))
+        else:
+            a.next_token = token
+            if last:
+                self.requests.ready.append(a.rid)
+
+    def _on_error(self, index: int, f: Frame) -> None:
+        try:
+            message = str(f.json().get("message", "stage error"))
+        except (FrameError, AttributeError):
+            message = "stage error"
+        a = self.requests.get(f.request_id)
+        self.log.warning("request.stage_error", stage=self.links[index].node_id, request=f.request_id, reason=message)
+        if a is None:
+            return
+        self.requests.step_returned(a.rid)
+        if a.reuse is not None and "prompt cache" in message:
+            # A stage could not start it from the entry the index named: forget that entry and
+            # start the request again without it (it has produced nothing yet).
+            self.prompt_cache.drop([a.reuse.entry])
+            if a.generated == 0 and not a.cancelled:
+                self._finish(a, None, save=False)
+                self._admit(a.gen, internal=a.internal, canary=a.canary)
+                return
+        self._finish(a, Failed(f"{self.links[index].node_id}: {message}", 500))
+
+    def _finish(self, a: Active, event: Finished | Failed | None, save: bool = True) -> None:
+        self.requests.close(a.rid)
+        self.speculation.forget(a.rid)
+        if event is not None:
+            self._emit(a.gen, event)
+        if a.canary:
+            self.liveness.watchdog.canary_returned()
+        if a.internal and isinstance(event, Failed):
+            what = "canary" if a.canary else "probe generation"
+            self._set_state("unhealthy", f"{what} failed: {event.message}")
+        close = Frame(Kind.CLOSE, a.rid, a.position)  # where it ended: a stage past it rolls back (speculation)
+        if save and not a.internal and not isinstance(event, Failed) and self.cache.enabled and a.position > 1:
+            # The stages keep its cache (prompt and generated tokens, all but the last sampled) as an entry.
+            covered = (list(a.gen.prompt) + (a.tokens or []))[:a.position]
+            close = json_frame(Kind.CLOSE, {"save": self.cache.add(covered, "assistant", a.gen.scope),
+                                            **self.prompt_cache.disk_part(covered, "assistant", a.gen.scope)},
+                               request_id=a.rid, position=a.position)
+        self._send(0, [close])
+        self.metrics.set_in_flight(self.requests.public_count())
+
+    # --- the stages' liveness -------------------------------------------------------------------
+    def _tick(self) -> None:
+        t = now()
+        book = self.requests
+        v = self.liveness.tick(t, busy=not book.only_canaries(),
+                               idle_and_ready=self._state == "ready" and not book.active)
+        if v is None:
+            return
+        if v.ping:
+            for link in self.links:
+                if link.conn is not None:
+                    self._send(link.index, [Frame(Kind.PING)])
+        for index, why in v.lost:
+            if self.links[index].conn is not None:
+                self._lose(index, why)
+        for index, why in v.wedged:
+            if self.links[index].conn is not None and index not in self.liveness.wedged:
+                self._wedge(index, why)
+        for index in v.recovered:
+            self._unwedge(index)
+        if v.canary:
+            self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
+                        internal=True, canary=True)
+        probe = book.probe()
+        if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
+            self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
+        elif probe is None and self._state == "unhealthy" and self.liveness.may_reprobe(t):
+            self._probe()
+        self.health = self.liveness.snapshot(self._state, self._reason, len(book.active))
+
+    def _wedge(self, index: int, why: str) -> None:
+        """Declare a stage wedged: its link stays (pings still answer) but nothing is sent through it
+        until it moves again (`_unwedge`) or its connection goes (the control plane replaces the process)."""
+        self.liveness.wedged[index] = why
+        self.liveness.watchdog.canary_returned()
+        message = f"pipeline stage {self.links[index].label} wedged: {why}"
+        self.log.warning("stage.wedged", stage=self.links[index].node_id, reason=why,
+                         progress=self.liveness.stats.get(index), failed_requests=len(self.requests.active))
+        self._fail_all(message)
+        self._set_state("unhealthy", message)
+
+    def _unwedge(self, index: int) -> None:
+        """A stage judged wedged computes again (it was slow, or stuck for a while): drop the stale
+        requests it still holds (a RESET down the chain) and probe; the pipeline serves again on its own."""
+        why = self.liveness.wedged.pop(index)
+        self.log.info("stage.recovered", stage=self.links[index].node_id, was=why)
+        if not self.liveness.wedged and all(ln.conn is not None for ln in self.links):
+            self._send(0, [Frame(Kind.RESET)])
+            self._probe()
+
+    def _on_link_up(self, index: int, conn) -> None:
+        link = self.links[index]
+        if link.conn is not None:
+            link.conn.close()
+        link.conn = conn
+        self.liveness.connected(index, now())
+        self.log.info("link.up", stage=link.node_id)
+        self.prompt_cache.forget(f"stage {link.label} (re)connected")
+        if all(ln.conn is not None for ln in self.links):
+            # Stale per-request state from before must go. RESET travels down the chain from
+            # stage 0, so every stage sees it before the probe's OPEN on the same path.
+            # The addresses go first: a stage that moved is then reached by its upstream
+            # neighbour before the RESET and the probe travel the chain.
+            self._send(0, [route_frame([ln.address for ln in self.links]), Frame(Kind.RESET)])
+            self._probe()
+
+    def _on_reroute(self, index: int, address: tuple[str, int]) -> None:
+        link = self.links[index]
+        if address == link.address:
+            return
+        self.log.info("link.moved", stage=link.node_id, address=f"{address[0]}:{address[1]}",
+                      was=f"{link.address[0]}:{link.address[1]}")
+        link.address = address  # the link's next connect goes there
+        if link.conn is not None:  # still the old process (e.g. its node cut off): leave it
+            self._lose(index, f"moved to {address[0]}:{address[1]}")
+
+    def _probe(self) -> None:
+        """Healthy means generations went through every stage the way requests do, not just open ports."""
+        self.liveness.last_probe = now()
+        self._set_state("warming", "probing the pipeline: prefill, then batched decode of two requests")
+        tokens = self.probe.started()
+        members = [self._open(Generation(list(PROBE_PROMPT), GenerationParams(max_tokens=tokens), self._inbox),
+                              internal=True) for _ in range(PROBE_REQUESTS)]
+        chunks = [tokens_frame(a.rid, 0, PROBE_PROMPT[:-1]) for a in members]
+        for a in members:
+            a.position, a.next_token = len(PROBE_PROMPT) - 1, PROBE_PROMPT[-1]
+        if self._send(0, [m.opened for m in members] + chunks):
+            self._launch(members, solo=False)  # not SOLO: a fresh stage warms up on its usual threads
+
+    def _lose(self, index: int, reason: str) -> None:
+        link = self.links[index]
+        if link.conn is not None:
+            link.conn.close()
+            link.conn = None
+        self.liveness.gone(index)
+        message = f"pipeline stage {link.label} lost: {reason}"
+        self.prompt_cache.forget(message)
+        self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self.requests.active))
+        self._fail_all(message)
+        self._set_state("unhealthy" if self._state in ("ready", "warming", "unhealthy") else "starting", message)

@@ -1,23 +1,20 @@
 """The coordinator's side of speculative decoding: what a request drafts, and what its passes accepted.
 
-The scheduler thread (`pipeline.Pipeline`) owns this state with everything else. A request that
-may speculate (`_Active.lookup`) drafts tokens for its next step, up to its adaptive length
-(`drafting.DraftLength`): by prompt lookup (`drafting.Lookup`), or, where the sequence repeats
-nothing, with the cluster's draft model (`draft_model.DraftModel`). The last stage verifies them
-and sends the accepted ones plus one as a RUN of RESULTs (engine/stage/speculate.py). Drafting starts once
-every stage's PONG said its caches roll back exactly.
+Owned by the scheduler thread (`pipeline.Pipeline`). A request that may speculate (`Active.lookup`)
+drafts tokens for its next step, up to its adaptive length (`drafting.DraftLength`): by prompt lookup
+(`drafting.Lookup`), or, where the sequence repeats nothing, with the cluster's draft model
+(`draft_model.DraftModel`). The last stage verifies them and sends the accepted ones plus one as a RUN
+of RESULTs (engine/stage/speculate.py). Drafting starts once every stage's PONG said its caches roll
+back exactly.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from orchestrator.engine.coordinator.links import StageLink
+from orchestrator.engine.coordinator.draft_model import DraftModel
 from orchestrator.engine.coordinator.metrics import Metrics
-
-if TYPE_CHECKING:
-    from orchestrator.engine.coordinator.draft_model import DraftModel
-    from orchestrator.engine.coordinator.pipeline import _Active
+from orchestrator.engine.coordinator.requests import Active
 
 
 def drafts_now(members: int, active: int, alone_only: bool = True) -> bool:
@@ -32,49 +29,74 @@ def drafts_now(members: int, active: int, alone_only: bool = True) -> bool:
     return not alone_only or (members == 1 and active == 1)
 
 
-class Speculating:
-    """Mixin of `pipeline.Pipeline`: drafting and the accounting of verification passes."""
+class Speculation:
+    """Drafting and the accounting of verification passes, for the scheduler thread."""
 
-    links: list[StageLink]
-    metrics: Metrics
-    context_length: int
-    _stats: dict[int, dict]
-    _active: dict[int, "_Active"]
-    _passes: dict[int, list[int]]  # request -> [drafted, RESULTs received] of its pass in flight
-    draft_source: Callable[[list[int], int], list[int]] | None
-    drafter: "DraftModel | None"
+    def __init__(self, metrics: Metrics, context_length: int, stage_stats: Callable[[], list[dict]]) -> None:
+        self.metrics = metrics
+        self.context_length = context_length
+        self._stage_stats = stage_stats  # every connected stage's last PONG (what its caches can do)
+        self._passes: dict[int, list[int]] = {}  # request -> [drafted, RESULTs received] of its pass in flight
+        # (sequence so far, k) -> draft; None: prompt lookup. Tests set an oracle here before submitting,
+        # to drive verification through chosen accepts and rejections.
+        self.draft_source: Callable[[list[int], int], list[int]] | None = None
+        # The cluster's draft model (main.py loads it): drafts instead of prompt lookup; this thread runs it.
+        self.drafter: DraftModel | None = None
+        # Draft only for a request alone in the pipeline (drafts_now). Tests turn it off to drive steps
+        # that mix speculating and plain requests.
+        self.alone_only = True
 
-    def _speculation_possible(self) -> bool:
+    def possible(self) -> bool:
         """Every stage reported caches that roll back exactly (their PONG stats, engine/stage/speculate.py)."""
-        return len(self._stats) == len(self.links) and all(st.get("speculation") for st in self._stats.values())
+        stats = self._stage_stats()
+        return bool(stats) and all(st.get("speculation") for st in stats)
 
-    def _draft(self, a: _Active) -> list[int]:
-        """The tokens `a` drafts this step: prompt lookup, at most its adaptive length, never past
-        max_tokens or the context (a pass emits drafts + 1)."""
-        if a.lookup is None or a.length is None or not self._speculation_possible():
+    def draft(self, a: Active, members: int, active: int) -> list[int]:
+        """The tokens `a` drafts in a step of `members` requests (of `active` admitted): prompt lookup,
+        at most its adaptive length, never past max_tokens or the context (a pass emits drafts + 1).
+        A pass it drafts for is counted from here (`result`, `pass_returned`)."""
+        if (a.lookup is None or a.length is None or not drafts_now(members, active, self.alone_only)
+                or not self.possible()):
             return []
         room = min(a.length.next(), a.gen.params.max_tokens - a.generated - 1, self.context_length - a.position - 2)
         if room <= 0:
             return []
         if self.draft_source is not None:
-            return self.draft_source(a.lookup.tokens, room)[:room]
-        found = a.lookup.draft(room)
-        if found or self.drafter is None:
-            return found
-        # Prompt lookup found nothing the request repeats: the draft model drafts (it costs a forward per
-        # token on this thread; a repeat is free and, on code edits, accepted more often).
-        return self.drafter.draft(a.rid, a.lookup.tokens, room)
+            drafted = self.draft_source(a.lookup.tokens, room)[:room]
+        else:
+            drafted = a.lookup.draft(room)
+            if not drafted and self.drafter is not None:
+                # Prompt lookup found nothing the request repeats: the draft model drafts (a forward per
+                # token on this thread; a repeat is free and, on code edits, accepted more often).
+                drafted = self.drafter.draft(a.rid, a.lookup.tokens, room)
+        if drafted:
+            self._passes[a.rid] = [len(drafted), 0]
+        return drafted
 
-    def _end_pass(self, rid: int) -> None:
+    def result(self, rid: int) -> None:
+        """One RESULT of the request's pass in flight arrived."""
+        passing = self._passes.get(rid)
+        if passing is not None:
+            passing[1] += 1
+
+    def pass_returned(self, rid: int, a: Active | None) -> None:
         """A verification pass came back whole: count it, adapt the request's draft length."""
         passing = self._passes.pop(rid, None)
         if passing is None:
             return
         drafted, accepted = passing[0], passing[1] - 1
         self.metrics.observe_pass(drafted, accepted)
-        a = self._active.get(rid)
         if a is not None and a.length is not None:
             a.length.observe(drafted, accepted)
 
+    def forget(self, rid: int) -> None:
+        """The request ended: the draft model drops its state for it."""
+        if self.drafter is not None:
+            self.drafter.forget(rid)
 
-__all__ = ["Speculating", "drafts_now"]
+    def clear(self) -> None:
+        """Every request is gone (a lost stage, shutdown)."""
+        self._passes.clear()
+
+
+__all__ = ["Speculation", "drafts_now"]

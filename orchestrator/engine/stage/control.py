@@ -9,7 +9,7 @@ ROUTE moves the next stage's address. Each returns what travels on down the chai
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -27,27 +27,30 @@ from orchestrator.engine.wire import Frame, FrameError, Kind, json_frame
 from orchestrator.logs import EventLogger
 
 
-class ControlFrames:
-    """Mixin of `stage.Stage`: its control frames (the stage supplies `_drop_all`, `_publish`,
-    `_error`, `_end_request` and `_send_coordinator`)."""
+class Control:
+    """A stage's control frames, for its MLX thread. Built with the stage's parts it reads and writes
+    (its requests, prompt cache, constraints, links) and the five things it asks of the stage: drop
+    every request, publish its figures, send an ERROR for a request, end a request, and send frames
+    to the coordinator."""
 
-    model: StageModel
-    log: EventLogger
-    index: int
-    links: Links
-    faults: Faults
-    constraints: Constraints
-    prompt_cache: StageCache
-    requests: dict[int, RequestState]
-    rollback: Any
+    def __init__(self, model: StageModel, index: int, links: Links, faults: Faults, constraints: Constraints,
+                 prompt_cache: StageCache, requests: dict[int, RequestState], rollback: Any, log: EventLogger, *,
+                 drop_all: Callable[[str], None], publish: Callable[[], None], error: Callable[[int, str], None],
+                 end_request: Callable[[int, Exception | str], None],
+                 send_coordinator: Callable[[list[Frame]], None]) -> None:
+        self.model, self.index, self.links, self.faults, self.log = model, index, links, faults, log
+        self.constraints, self.prompt_cache = constraints, prompt_cache
+        self.requests, self.rollback = requests, rollback  # the stage's own objects, shared
+        self._drop_all, self._publish, self._error = drop_all, publish, error
+        self._end_request, self._send_coordinator = end_request, send_coordinator
 
     @property
     def next_node(self) -> NodeSpec | None:
         """The next stage's node (None on the last stage); ROUTE frames move it."""
         return self.links.next_node
 
-    def _control(self, frame: Frame) -> list[Frame]:
-        """OPEN / CLOSE / RESET: update state; returns what to pass downstream."""
+    def handle(self, frame: Frame) -> list[Frame]:
+        """OPEN / DRAFT / CLOSE / CACHE / RESET / ROUTE: update state; returns what to pass downstream."""
         if frame.kind is Kind.RESET:
             self._drop_all("reset by coordinator")
             return [frame] if self.next_node else []
@@ -75,7 +78,7 @@ class ControlFrames:
             command = json_or_empty(frame)
             if state is not None and state.rewind.floor is not None and frame.position < state.position:
                 try:  # it ended inside an accepted run: an entry keeps only what was accepted
-                    self._rollback(state, frame.position)
+                    self.rollback_to(state, frame.position)
                 except ValueError:
                     state = None  # a position no rollback allows: keep no entry of it
             if state is not None and state.rewind.pending and "save" in command:
@@ -104,7 +107,7 @@ class ControlFrames:
         except (ValueError, FrameError) as exc:
             self._end_request(frame.request_id, f"bad draft: {exc}")
 
-    def _rollback(self, state: RequestState, to: int) -> None:
+    def rollback_to(self, state: RequestState, to: int) -> None:
         """Cut a request's caches back to `to` after a verification chunk (ValueError if not allowed)."""
         state.position = state.rewind.back(state.cache, state.position, to,
                                            skip_trim="spec-skip-trim" in self.faults.kinds)

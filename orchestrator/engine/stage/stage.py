@@ -23,7 +23,7 @@ from orchestrator.engine import transport
 from orchestrator.engine.config import ClusterConfig, NodeSpec
 from orchestrator.engine.stage.carry import Carry
 from orchestrator.engine.stage.constraint import Constraints, model_eos_ids
-from orchestrator.engine.stage.control import ControlFrames
+from orchestrator.engine.stage.control import Control
 from orchestrator.engine.stage.faults import Faults
 from orchestrator.engine.stage.gate import Gate
 from orchestrator.engine.stage.interrupt import INTERRUPTIBLE_TOKENS, LAYER_PAUSE_S, Abandoned
@@ -40,8 +40,8 @@ from orchestrator.engine.wire import Flag, Frame, Kind, json_frame
 from orchestrator.logs import EventLogger
 
 
-class Stage(ControlFrames):
-    """The stage process's state and loops (its control frames: `ControlFrames`, stage/control.py)."""
+class Stage:
+    """The stage process's state and loops (its control frames: `control.Control`, which it holds)."""
 
     def __init__(self, config: ClusterConfig, node: NodeSpec, model: StageModel, secret: bytes,
                  listener: socket.socket, log: EventLogger, blas: str = "reference",
@@ -85,9 +85,18 @@ class Stage(ControlFrames):
         self.constraints = Constraints(model.model_dir, model.info.vocab_size)  # grammars, last stage only
         if self.next_node is None:  # the last stage samples: llguidance's tokenizer now, not on a request
             self._prepare_grammars(log)
+        self.control = Control(model, self.index, self.links, self.faults, self.constraints, self.prompt_cache,
+                               self.requests, self.rollback, log, drop_all=self._drop_all, publish=self._publish,
+                               error=self._error, end_request=self._end_request,
+                               send_coordinator=self._send_coordinator)
         if "layer-pause" in self.faults.kinds and hasattr(model, "checks"):
             model.checks.pause_s = LAYER_PAUSE_S
         self.trace = StepTrace.of(f"stage-{self.index}")  # None unless PIPESERVE_STEP_TRACE names a file
+
+    @property
+    def next_node(self) -> NodeSpec | None:
+        """The next stage's node (None on the last stage); ROUTE frames move it."""
+        return self.links.next_node
 
     def _prepare_grammars(self, log: EventLogger) -> None:
         eos = model_eos_ids(self.model.model_dir)
@@ -166,7 +175,7 @@ class Stage(ControlFrames):
             if run:
                 out = self._forward(run, queued, out)
                 run = []
-            out += self._control(frame)
+            out += self.control.handle(frame)
         if run:
             out = self._forward(run, queued, out)
         if out:
@@ -244,7 +253,7 @@ class Stage(ControlFrames):
     def _rolled_back(self, f: Frame, state: RequestState) -> bool:
         """A frame behind the stage's position: the rollback after a verification chunk, or an error."""
         try:
-            self._rollback(state, f.position)
+            self.control.rollback_to(state, f.position)
             return True
         except ValueError as exc:
             self._error(f.request_id, f"stage {self.index}: {exc}")

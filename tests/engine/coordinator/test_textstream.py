@@ -28,7 +28,8 @@ class _Scheduler:
     def __init__(self, tokens: list[int], eos: set[int]) -> None:
         self.tokens, self.eos_ids = tokens, eos
 
-    def submit(self, prompt: list[int], params: GenerationParams, marks: tuple[int, ...] = ()) -> SimpleNamespace:
+    def submit(self, prompt: list[int], params: GenerationParams, marks: tuple[int, ...] = (),
+               scope: str = "") -> SimpleNamespace:
         events: queue.Queue = queue.Queue()
         for t in self.tokens:
             events.put(TokenEvent(t, -1.0))
