@@ -159,10 +159,11 @@ class Stack:
 
 
 @contextmanager
-def running_stack(demo_model: Path, root: Path) -> Iterator[Stack]:
+def running_stack(demo_model: Path, root: Path, **demo_kw) -> Iterator[Stack]:
     """Three agents (the model on node-a only; 1100M of memory each), the router and the
     dashboard, on free ports; their transport ranges share one block of 30 ports. Fails the
-    test when it does not start; on the way out, fails it when a process outlived its agent."""
+    test when it does not start; on the way out, fails it when a process outlived its agent.
+    `demo_kw`: more fields of the `Demo` (e.g. `dashboard_args`)."""
     transport = free_port_block(30)
     taken = set(range(transport[0], transport[1] + 1))
 
@@ -173,7 +174,7 @@ def running_stack(demo_model: Path, root: Path) -> Iterator[Stack]:
         return p
 
     demo = Demo.on_ports(root, dashboard_port=port(), router_port=port(), agent_ports=[port(), port(), port()],
-                         transport=transport, upload_limit="150M", discovery=True, preset_settings=False)
+                         transport=transport, upload_limit="150M", discovery=True, preset_settings=False, **demo_kw)
     try:
         demo.start(demo_model)
     except DemoError as exc:

@@ -63,6 +63,7 @@ class Demo:
     discovery: bool = True
     health_interval: str = "1s"
     settings: dict | None = None  # dashboard settings to start with (e.g. a transport range)
+    dashboard_args: list[str] = field(default_factory=list)  # more options of `pipeserve dashboard`
     python: str = sys.executable
     children: list[ChildProcess] = field(default_factory=list)
     router: LocalRouter | None = None
@@ -129,10 +130,10 @@ class Demo:
             raise
         return self
 
-    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
+    def _spawn(self, name: str, argv: list[str], append: bool = False) -> ChildProcess:
         # die_with_parent: a demo killed with SIGKILL takes its children along (they run in
         # sessions of their own, so Ctrl-C reaches only the demo, which stops them in order).
-        child = ChildProcess.spawn(name, argv, self.root / "logs" / f"{name}.log", die_with_parent=True,
+        child = ChildProcess.spawn(name, argv, self.root / "logs" / f"{name}.log", die_with_parent=True, append=append,
                                    env={**settings.process_environment(), "PYTHONUNBUFFERED": "1", **SHARED_HOST_BLAS})
         self.children.append(child)
         return child
@@ -150,7 +151,6 @@ class Demo:
         if self.settings:
             self.dashboard_state.mkdir(parents=True, exist_ok=True, mode=0o700)
             (self.dashboard_state / "control.json").write_text(json.dumps({"settings": self.settings}))
-        cli = [self.python, "-m", "orchestrator.cli"]
         for i, node in enumerate(self.nodes):
             node.args = ["--memory-budget", self.budget]
             if i == 0 and self.upload_limit:
@@ -163,27 +163,42 @@ class Demo:
         self.router = LocalRouter(self.router_yaml, self.router_port, self.root / "logs" / "router.log",
                                   env=SHARED_HOST_BLAS, die_with_parent=True, python=self.python)
         self.children.append(self.router.launch().proc)
-        dash_argv = [*cli, "dashboard", "--host", "127.0.0.1", "--port", str(self.dashboard_port),
-                     "--state-dir", str(self.dashboard_state), "--router", self.router_url,
-                     "--router-config", str(self.router_yaml), "--threads", "32"]
-        dash_argv += ["--discovery", "--discovery-interface", "127.0.0.1"] if self.discovery else ["--no-discovery"]
-        dashboard = self._spawn("dashboard", dash_argv)
+        dashboard = self.start_dashboard(wait=False)  # it starts while the others do
         try:
-            self._wait_up(dashboard)
+            for node in self.nodes:
+                if node.wait_ready(STARTUP_TIMEOUT).token is None:
+                    raise ChildError(f"{node.name} printed no pairing token:\n{node.output()}")
+            self.router.wait_ready(STARTUP_TIMEOUT)
+            self.admin_token = dashboard.wait_ready(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token",
+                                                    STARTUP_TIMEOUT)
+            self._wait_answering(dashboard)
         except ChildError as exc:
             raise DemoError(str(exc)) from None
 
-    def _wait_up(self, dashboard: ChildProcess) -> None:
+    def start_dashboard(self, wait: bool = True) -> ChildProcess:
+        """Start the dashboard over its state directory (again, after `stop_dashboard`), with
+        `wait` until it answers (ChildError, with its output, when it does not)."""
+        argv = [self.python, "-m", "orchestrator.cli", "dashboard", "--host", "127.0.0.1",
+                "--port", str(self.dashboard_port), "--state-dir", str(self.dashboard_state),
+                "--router", self.router_url, "--router-config", str(self.router_yaml), "--threads", "32",
+                *(["--discovery", "--discovery-interface", "127.0.0.1"] if self.discovery else ["--no-discovery"]),
+                *self.dashboard_args]
+        dashboard = self._spawn("dashboard", argv, append=self.admin_token is not None)  # a restart: one log
+        if wait:
+            self._wait_answering(dashboard)
+        return dashboard
+
+    def _wait_answering(self, dashboard: ChildProcess) -> None:
         import requests
 
-        for node in self.nodes:
-            if node.wait_ready(STARTUP_TIMEOUT).token is None:
-                raise ChildError(f"{node.name} printed no pairing token:\n{node.output()}")
-        self.router.wait_ready(STARTUP_TIMEOUT)
-        self.admin_token = dashboard.wait_ready(lambda: dashboard.printed(r"admin token: (\S+)"), "admin token",
-                                                STARTUP_TIMEOUT)
         dashboard.wait_ready(lambda: requests.get(self.dashboard_url + "/login", timeout=2).status_code == 200,
                              "answer on " + self.dashboard_url, STARTUP_TIMEOUT)
+
+    def stop_dashboard(self) -> None:
+        """Stop the dashboard alone, as SIGTERM does (agents, router and engines keep running)."""
+        dashboard = [c for c in self.children if c.name == "dashboard"]
+        stop_all(dashboard, timeout=20.0)
+        self.children = [c for c in self.children if c not in dashboard]
 
     def dead(self) -> list[ChildProcess]:
         """Children that exited although nobody stopped them."""

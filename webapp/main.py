@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import settings
+from orchestrator.control.lease import LEASE_S
 
 ROUTER_TOKEN_ENV = settings.ROUTER_ADMIN_TOKEN.name
 KEEPALIVE_S = 5  # the longest a client may take to send a request's headers (and idle between requests)
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="browse the LAN for node agents (zeroconf)")
     parser.add_argument("--discovery-interface", action="append", default=None,
                         help="interface address to browse on (repeatable; default all)")
+    parser.add_argument("--lease-s", type=float, default=LEASE_S, metavar="SECONDS",
+                        help=f"how long engine processes outlive a silent dashboard (default {LEASE_S:.0f}; "
+                             "long enough for a restart, short enough for orphans: docs/recovery.md)")
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)  # gthread era; ignored
     parser.add_argument("--reset-admin-token", action="store_true", help="print a new admin token and exit")
 
@@ -139,7 +143,7 @@ def build(args: argparse.Namespace, log):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("backends: []\n")
         registrar = ConfigFileRegistrar(path, router_url=args.router)
-    orch = Orchestrator(args.state_dir, registrar, discovery=args.discovery,
+    orch = Orchestrator(args.state_dir, registrar, discovery=args.discovery, lease_s=args.lease_s,
                         discovery_interfaces=args.discovery_interface).start()
     return create_app(orch, AuthStore(args.state_dir), args.router)
 

@@ -126,6 +126,7 @@ class ResumeSession:
     problem: str  # "" when the pipeline serves
     culprits: tuple[str, ...]  # the processes to replace for it ("stage-1", "coordinator")
     at: float
+    gone: tuple[str, ...] = ()  # the processes that no longer run (ended, or their lease lapsed)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,24 @@ def read_health(status: int, body: bytes) -> HealthLook:
     return HealthLook(report=report, status=status)
 
 
+def unreachable(exc: requests.RequestException) -> str:
+    """Why a coordinator did not answer, in words (pure): this reaches the session's reason and
+    every page, where urllib3's nested repr ("HTTPConnectionPool(host=…): Max retries exceeded
+    … NewConnectionError(…)") once stood."""
+    text = str(exc)
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time"
+    for needle, words in (("Connection refused", "connection refused (no process listens on its port)"),
+                          ("Connection reset", "connection reset"),
+                          ("RemoteDisconnected", "it closed the connection without answering"),
+                          ("No route to host", "no route to its host"),
+                          ("Network is unreachable", "network unreachable"),
+                          ("Name or service not known", "unknown host name")):
+        if needle in text:
+            return words
+    return "no answer (the connection failed)"
+
+
 class CoordinatorClient:
     """Talks to one session's coordinator at `url` with its cluster `secret` (None: anonymous)."""
 
@@ -77,9 +95,9 @@ class CoordinatorClient:
                 # this connection; a dead one refuses the second as fast as the first).
                 if attempt == 0 and not isinstance(exc, requests.ConnectTimeout):
                     continue
-                return HealthLook(error=str(exc) or type(exc).__name__)
+                return HealthLook(error=unreachable(exc))
             except requests.RequestException as exc:
-                return HealthLook(error=str(exc) or type(exc).__name__)
+                return HealthLook(error=unreachable(exc))
             return read_health(r.status_code, r.content)
         raise AssertionError("unreachable")
 
@@ -99,4 +117,4 @@ class CoordinatorClient:
         return requests.post(self.url + ROUTE_PATH, data=body, headers=headers, timeout=timeout)
 
 
-__all__ = ["CoordinatorClient", "HealthLook", "read_health"]
+__all__ = ["CoordinatorClient", "HealthLook", "read_health", "unreachable"]

@@ -15,6 +15,7 @@ builds a command, waits for its decision, and returns what the decision created.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -24,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator import logs
 from orchestrator.agent.client import AgentClient, AgentError
+from orchestrator.control import audit, store
 from orchestrator.control import events as ev
-from orchestrator.control import store
+from orchestrator.control.capabilities import Capabilities
 from orchestrator.control.commands import (
     AddNode,
     Command,
@@ -44,8 +46,8 @@ from orchestrator.control.commands import (
 from orchestrator.control.decide import Decision, decide, react
 from orchestrator.control.effects import EffectRunner
 from orchestrator.control.launcher import Timeouts
+from orchestrator.control.lease import LEASE_S
 from orchestrator.control.models import ModelManager
-from orchestrator.control.ports import Ports
 from orchestrator.control.state import Node, Session, Settings, State
 from orchestrator.control.transitions import apply
 from orchestrator.proc.clock import SYSTEM_CLOCK
@@ -61,7 +63,7 @@ class Orchestrator:
     """The control plane, drivable headless: `start()`, commands, `state`, `subscribe()`."""
 
     def __init__(self, state_dir: Path, registrar: Registrar, *, timeouts: Timeouts = Timeouts(),
-                 watch_interval: float = 0.5, lease_s: float = 15.0, agent_timeout: float = 10.0,
+                 watch_interval: float = 0.5, lease_s: float = LEASE_S, agent_timeout: float = 10.0,
                  discovery_interfaces: list[str] | None = None, discovery: bool = False) -> None:
         self.state_dir = Path(state_dir)
         self.registrar = registrar
@@ -84,14 +86,14 @@ class Orchestrator:
 
         self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s,
                                secret_of=self.secrets.get)
-        # What the workers may use of this orchestrator (never the orchestrator itself: control/ports.py)
+        # What the workers may use of this orchestrator (never the orchestrator itself: control/capabilities.py)
         # (looked up at each call, so what a test replaces on the orchestrator reaches the workers)
-        self.ports = Ports(state=lambda: self._state, post=lambda e: self.post(e), submit=lambda c: self.submit(c),
-                           command=lambda c: self.command(c), agent=lambda node_id: self.agent(node_id),
-                           registrar=self.registrar, secrets=self.secrets, timeouts=self.timeouts,
-                           clock=SYSTEM_CLOCK, log=self.log)
+        self.ports = Capabilities(state=lambda: self._state, post=lambda e: self.post(e),
+                                  submit=lambda c: self.submit(c), command=lambda c: self.command(c),
+                                  agent=lambda node_id: self.agent(node_id), registrar=self.registrar,
+                                  secrets=self.secrets, timeouts=self.timeouts, clock=SYSTEM_CLOCK, log=self.log)
         self.models = ModelManager(self.ports, self.state_dir, self.launch_single)  # Models tab: downloads, deletion
-        self.effects = EffectRunner(self.ports, self.models, self.watcher.inspect)
+        self.effects = EffectRunner(self.ports, self.models, self.watcher.inspect, self.watcher.release)
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self, *, look: bool = True) -> "Orchestrator":
@@ -103,8 +105,12 @@ class Orchestrator:
         self._thread.start()
         if not look:
             return self
+        # Held until decide has said what becomes of each (the watcher renews their leases meanwhile)
+        self.watcher.hold({s.id for s in self._state.sessions})
         for s in self._state.sessions:
-            self.effects.inspect_after_restart(s)  # re-adopt, repair or clean up (decide: ResumeSession)
+            self.log.info("session.found_after_restart", session=s.id, name=s.name, phase=s.phase,
+                          nodes=",".join(s.node_ids))
+            self.effects.inspect_after_restart(s)  # re-adopt, relaunch, repair or clean up (decide: ResumeSession)
         self.watcher.start()
         self.models.resume()  # downloads that were running when the dashboard stopped
         if self._discovery:
@@ -175,17 +181,20 @@ class Orchestrator:
     def _decide(self, command: Command, future: Future | None) -> None:
         """Decide a command, apply its events, start its effects; the decision (or the refusal,
         or a bug's exception) goes back to the caller, never killing the thread."""
+        before = self._state
         try:
             decision = decide(self._state, command)
             for event in decision.events:
                 self._apply(event)
             self.effects.run(decision.effects)
         except Exception as exc:  # noqa: BLE001 (handed back to the caller)
+            refused = isinstance(exc, CommandRefused)
+            self._write(audit.command_line(before, command, refusal=str(exc) if refused else "",
+                                           error="" if refused else f"{type(exc).__name__}: {exc}"))
             if future is not None:
                 future.set_exception(exc)
-            else:
-                self.log.warning("command.refused", command=type(command).__name__, reason=exc)
             return
+        self._write(audit.command_line(before, command, refusal=decision.refusal))
         if future is not None:
             future.set_result(decision)
 
@@ -200,8 +209,15 @@ class Orchestrator:
                 store.save(self.state_dir, new)
             except OSError as exc:
                 self.log.error("state.save_failed", reason=exc)
+        for line in audit.event_lines(old, new, event):
+            self._write(line)
         self.bus.publish(event)
         self.effects.run(react(old, new, event))
+
+    def _write(self, line: audit.Line) -> None:
+        """One structured line of the audit trail (control/audit.py words it)."""
+        level, name, fields = line
+        {logging.ERROR: self.log.error, logging.WARNING: self.log.warning}.get(level, self.log.info)(name, **fields)
 
     def command(self, command: Command, timeout: float = 30.0) -> Decision:
         """Have the thread decide `command` and wait for the decision; raises CommandRefused when it is refused."""

@@ -288,12 +288,24 @@ def _stop(state: State, session_id: str) -> Decision:
 
 def _resume(state: State, c: ResumeSession) -> Decision:
     """After a restart: carry on a recovery, repair a running session with a known culprit (as
-    if the fault had been seen live), re-adopt one that serves, clean up the rest."""
+    if the fault had been seen live), relaunch one whose every stage is gone (their leases ran
+    out while the dashboard was away: the whole session, in launch order, under the same plan),
+    re-adopt one that serves, clean up the rest."""
     s = next((x for x in state.sessions if x.id == c.session_id), None)
     if s is None or s.phase != c.seen_phase:
         return Decision()  # it moved on since it was looked at: what moved it decides
     if s.phase == "recovering":  # the dashboard went away mid-recovery
         return Decision((), (StartRecovery(s),))
+    everything = tuple(f"stage-{st.index}" for st in s.stages) + ("coordinator",)
+    if s.phase == "running" and c.problem and state.settings.auto_restart and \
+            all(p in c.gone for p in everything[:-1]):
+        # Every stage is gone: a coordinator restarted alone would wait for stages that no longer
+        # exist. Everything starts again in the launch's order (a coordinator left alive too: it
+        # would hold links to nothing).
+        gone = "every stage" if len(s.stages) > 1 else "its stage"
+        return Decision((ev.SessionFaulted(session_id=s.id, processes=everything, at=c.at, relaunch=True,
+                                           reason=f"relaunched after a dashboard restart: {gone} had ended "
+                                                  f"while it was away ({c.problem})"),))
     if s.phase == "running" and c.problem and c.culprits and state.settings.auto_restart:
         # Tearing down a whole cluster for one lost process would turn it into an outage.
         return Decision((ev.SessionFaulted(session_id=s.id, reason=f"seen after a dashboard restart: {c.problem}",

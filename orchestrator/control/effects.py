@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from orchestrator.agent.client import AgentClient
 from orchestrator.control import events as ev
+from orchestrator.control.capabilities import Capabilities
 from orchestrator.control.commands import PreviewPlan, ResumeSession
 from orchestrator.control.decide import (
     CancelWork,
@@ -31,7 +32,6 @@ from orchestrator.control.decide import (
 )
 from orchestrator.control.launcher import Launcher
 from orchestrator.control.model_rules import CancelDownloadWork, CheckCopyFiles, DeleteModelFiles, RunDownload
-from orchestrator.control.ports import Ports
 from orchestrator.control.state import Session
 
 if TYPE_CHECKING:
@@ -41,11 +41,13 @@ if TYPE_CHECKING:
 class EffectRunner:
     """Maps each effect type to its worker; one per Orchestrator."""
 
-    def __init__(self, ports: Ports, models: ModelManager,
-                 inspect: Callable[[Session], tuple[Any, str | None, tuple[str, ...]]]) -> None:
+    def __init__(self, ports: Capabilities, models: ModelManager,
+                 inspect: Callable[[Session], tuple[Any, str, tuple[str, ...], tuple[str, ...]]],
+                 release: Callable[[str], None] = lambda _: None) -> None:
         self.ports = ports
         self.models = models  # the Models tab's worker: downloads and deletions
-        self.inspect = inspect  # the watcher's one look at a session (after a restart)
+        self.inspect = inspect  # the watcher's one look at a session (after a restart), leases renewed first
+        self.release = release  # the watcher judges the session again (once decide has said what becomes of it)
         self.log = ports.log
         # session id -> cancel flag of its launch or recovery; only the orchestrator thread adds
         # flags (run), workers only read and set them
@@ -160,10 +162,16 @@ class EffectRunner:
         self._spawn(prepare, effect.model_id, targets, everyone, self.ports.post, names, effect.hub)
 
     def _inspect(self, s: Session) -> None:
-        _, problem, culprits = self.inspect(s)
-        if problem:
-            self.log.warning("session.seen_after_restart", session=s.id, phase=s.phase, reason=problem)
-        self.ports.submit(ResumeSession(s.id, s.phase, problem, culprits, time.time()))
+        """Renew, look, let `decide` say what becomes of the session, and only then let the
+        watcher judge it again (a fault it posted first would be repaired without what the look
+        found: the coordinator replaced alone while every stage was gone)."""
+        try:
+            _, problem, culprits, gone = self.inspect(s)
+            self.log.info("session.seen_after_restart", session=s.id, phase=s.phase, problem=problem or "none",
+                          culprits=",".join(culprits), gone=",".join(gone))
+            self.ports.command(ResumeSession(s.id, s.phase, problem, culprits, time.time(), gone))
+        finally:
+            self.release(s.id)
 
     def _readopt(self, s: Session) -> None:
         """Register a session that kept serving (by name: never twice) and wait until the router

@@ -241,6 +241,7 @@ class SessionFaulted(Event):
     reason: str
     processes: tuple[str, ...] = ()
     at: float = 0.0
+    relaunch: bool = False  # after a restart every stage was gone: the whole session starts again
 
 
 class PostMortemRecorded(Event):

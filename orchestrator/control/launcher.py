@@ -17,6 +17,8 @@ from typing import Callable
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.control import events as ev
 from orchestrator.control.coordinator_client import CoordinatorClient
+from orchestrator.control.lease import LEASE_S, renew_every
+from orchestrator.control.process_ends import ended
 from orchestrator.control.session_toml import cluster_toml
 from orchestrator.control.state import Session
 from orchestrator.control.timelines import timeline
@@ -38,7 +40,7 @@ class Timeouts:
     listen: float = 180.0  # a stage loads its layers before it listens
     healthy: float = 120.0
     stop: float = 10.0
-    lease: float = 15.0
+    lease: float = LEASE_S  # control/lease.py: why this long
     # the router reloads its file and needs `healthy_threshold` probes (each at most 1 s apart
     # for a new backend) before it routes: seconds, so a minute means it never will
     routable: float = 60.0
@@ -134,12 +136,12 @@ class Launcher:
             port = info.port
             if not info.alive:
                 tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
-                raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
+                raise LaunchFailed(process_id, f"{process_id} exited ({ended(info)}): {tail}")
             if info.port_listening:
                 return True
             if self.cancel.is_set():
                 raise LaunchFailed(process_id, "launch cancelled")
-            if self.clock.monotonic() - last_renew > self.t.lease / 3:
+            if self.clock.monotonic() - last_renew > renew_every(self.t.lease):
                 self._renew()
                 last_renew = self.clock.monotonic()
             return False
@@ -162,7 +164,7 @@ class Launcher:
                 info = self.agents[node_id].process(self.s.id, process_id)
                 if not info.alive:
                     tail = "\n".join(self.agents[node_id].logs(self.s.id, process_id, 8))
-                    raise LaunchFailed(process_id, f"{process_id} exited ({info.exit_code or info.signal}): {tail}")
+                    raise LaunchFailed(process_id, f"{process_id} exited ({ended(info)}): {tail}")
             asked = self.clock.monotonic()
             # A long poll: answered the moment the coordinator's state changes (ready, most
             # often), not at this loop's next look; at most HEALTHY_POLL_S, so a process that
@@ -181,7 +183,7 @@ class Launcher:
                     raise LaunchFailed("coordinator", f"the pipeline cannot serve: {report.reason}")
             if self.cancel.is_set():
                 raise LaunchFailed("coordinator", "launch cancelled")
-            if self.clock.monotonic() - last_renew > self.t.lease / 3:
+            if self.clock.monotonic() - last_renew > renew_every(self.t.lease):
                 self._renew()
                 last_renew = self.clock.monotonic()
             if not changed and self.clock.monotonic() - asked < 0.1:
@@ -221,7 +223,7 @@ class Launcher:
             if now.state != last.state and not now.routable:  # one step update per change, not per look
                 report("running", f"{name}: entry written; {router} says {now.describe()}")
             last = now
-            if self.clock.monotonic() - last_renew > self.t.lease / 3:
+            if self.clock.monotonic() - last_renew > renew_every(self.t.lease):
                 self._renew()
                 last_renew = self.clock.monotonic()
             return now.routable

@@ -42,6 +42,7 @@ from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control import events as ev
 from orchestrator.control.coordinator_client import CoordinatorClient
 from orchestrator.control.launcher import Launcher, LaunchFailed, Post, Timeouts
+from orchestrator.control.process_ends import ended as process_ended
 from orchestrator.control.session_toml import cluster_toml
 from orchestrator.control.state import PostMortem, Session, StageStatus, State
 from orchestrator.control.timelines import backoff, ordered, recovery_steps, stage_moved, step_prefix
@@ -158,12 +159,8 @@ class Recovery:
             if info.alive:
                 ended = f"still running ({status.fault or status.detail or 'faulted'}): killed" if status else \
                     "still running: killed"
-            elif info.signal:
-                ended = f"killed by {info.signal}"
-            elif info.exit_code is not None:
-                ended = f"exit status {info.exit_code}"
-            else:
-                ended = info.stop_reason or "exited (status unknown)"
+            else:  # why its agent stopped it (its lease lapsed, ...) beside the status
+                ended = process_ended(info)
         except AgentError as exc:
             ended = "agent unreachable" if not exc.status or exc.status >= 500 else \
                 ("not listed by its agent" if exc.status == 404 else exc.message)

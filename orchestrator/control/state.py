@@ -151,6 +151,7 @@ class Fault(_Frozen):
     attempts: int = 0
     recovery_s: float | None = None  # seen -> Healthy again
     post_mortems: tuple[PostMortem, ...] = ()
+    relaunch: bool = False  # the whole session started again in launch order (found gone after a restart)
 
 
 class Sample(_Frozen):

@@ -55,13 +55,18 @@ def step_prefix(fault_number: int, attempt: int) -> str:
     return f"recovery-{fault_number}.{attempt}."
 
 
-def attempt_head(fault_number: int, attempt: int) -> str:
-    """The label prefix of one recovery attempt's steps."""
-    return f"Recovery {fault_number}" + (f", attempt {attempt}" if attempt > 1 else "") + ": "
+def attempt_head(fault_number: int, attempt: int, relaunch: bool = False) -> str:
+    """The label prefix of one recovery attempt's steps (a relaunch after a restart says so)."""
+    what = "Relaunch after the dashboard's restart" if relaunch else f"Recovery {fault_number}"
+    return what + (f", attempt {attempt}" if attempt > 1 else "") + ": "
 
 
-def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: int, attempt: int) -> tuple[Step, ...]:
-    """The pending timeline steps of one recovery attempt (pure)."""
+def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: int, attempt: int,
+                   relaunch: bool = False) -> tuple[Step, ...]:
+    """The pending timeline steps of one recovery attempt (pure); a relaunch (every stage found
+    gone after a restart) starts every process again in the launch's order and says so."""
+    if relaunch:
+        return relaunch_steps(session, processes, fault_number, attempt)
     p = step_prefix(fault_number, attempt)
     head = attempt_head(fault_number, attempt)
     nodes = {f"stage-{st.index}": (st.node_name, st.port) for st in session.stages}
@@ -81,6 +86,33 @@ def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: i
     steps.append(Step(key=p + "router.register", label=head + "router routes to it again (the entry stayed "
                                                                "registered; the router answered 503 + Retry-After "
                                                                "meanwhile)"))
+    return tuple(steps)
+
+
+def relaunch_steps(session: Session, processes: tuple[str, ...], fault_number: int,
+                   attempt: int) -> tuple[Step, ...]:
+    """The steps of a relaunch: what was found gone (post-mortems kept), then the launch's own
+    steps in its order — stages ascending, the coordinator, the router — under the same plan."""
+    p = step_prefix(fault_number, attempt)
+    head = attempt_head(fault_number, attempt, relaunch=True)
+    nodes = {f"stage-{st.index}": st.node_name for st in session.stages}
+    coordinator_node = next((st.node_name for st in session.stages if st.node_id == session.coordinator_node),
+                            "its node")
+    steps = [Step(key=p + f"{proc}.stop", label=head + f"{process_label(proc)} on "
+                                                      f"{nodes.get(proc, coordinator_node)}: what was left stopped "
+                                                      "(post-mortem kept)") for proc in processes]
+    for st in session.stages:
+        if f"stage-{st.index}" in processes:
+            steps.append(Step(key=p + f"stage-{st.index}.start",
+                              label=head + f"Stage {st.index} started again on {st.node_name} "
+                                           f"(layers {st.first_layer}–{st.last_layer}, the same plan)"))
+            steps.append(Step(key=p + f"stage-{st.index}.listen",
+                              label=head + f"Stage {st.index} transport listening on port {st.port}"))
+    if "coordinator" in processes:
+        steps.append(Step(key=p + "coordinator.start", label=head + f"Coordinator started again on {coordinator_node}"))
+    steps.append(Step(key=p + "coordinator.healthy",
+                      label=head + "coordinator healthy (a probe generation through every stage)"))
+    steps.append(Step(key=p + "router.register", label=head + "router routes to it again"))
     return tuple(steps)
 
 

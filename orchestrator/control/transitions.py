@@ -39,17 +39,18 @@ def _faulted(s: Session, e: ev.SessionFaulted, settings: Settings) -> Session:
     """Running -> recovering (replace the named processes) or stopping (torn down as before)."""
     recover = settings.auto_restart and bool(e.processes)
     fault = Fault(at=e.at, reason=e.reason, processes=e.processes, outcome="recovering" if recover else "stopped",
-                  attempts=1 if recover else 0)
+                  attempts=1 if recover else 0, relaunch=e.relaunch)
     s = s.model_copy(update={"faults": (s.faults + (fault,))[-FAULTS:]})
     if not recover:
         why = "" if e.processes else " (no single process to replace)"
         why = why if settings.auto_restart else " (automatic restarts are off)"
         return s.model_copy(update={"health": "Unhealthy", "phase": "stopping", "reason": e.reason + why})
-    steps = recovery_steps(s, e.processes, len(s.faults), 1)
+    steps = recovery_steps(s, e.processes, len(s.faults), 1, relaunch=e.relaunch)
+    doing = "relaunching the whole session under the same plan" if e.relaunch else \
+        f"restarting {', '.join(e.processes)}"
     return s.model_copy(update={"health": "Unhealthy", "phase": "recovering", "recovery_attempt": 1,
                                 "timeline": _with_steps(s, steps),
-                                "reason": f"{e.reason}: restarting {', '.join(e.processes)} "
-                                          f"(attempt 1 of {settings.restart_attempts})"})
+                                "reason": f"{e.reason}: {doing} (attempt 1 of {settings.restart_attempts})"})
 
 
 def _recovery_failed(s: Session, e: ev.RecoveryFailed, settings: Settings) -> Session:
@@ -61,7 +62,7 @@ def _recovery_failed(s: Session, e: ev.RecoveryFailed, settings: Settings) -> Se
             "phase": "stopping", "health": "Unhealthy", "recovery_attempt": 0,
             "faults": _last_fault(s, outcome="stopped"),
             "reason": f"recovery failed after {s.recovery_attempt} attempt(s): {e.reason}"})
-    steps = recovery_steps(s, processes, len(s.faults), attempt)
+    steps = recovery_steps(s, processes, len(s.faults), attempt, relaunch=s.faults[-1].relaunch)
     return s.model_copy(update={"recovery_attempt": attempt, "timeline": _with_steps(s, steps),
                                 "faults": _last_fault(s, attempts=attempt),
                                 "reason": f"recovery attempt {attempt - 1} failed ({e.reason}): restarting "
@@ -70,10 +71,11 @@ def _recovery_failed(s: Session, e: ev.RecoveryFailed, settings: Settings) -> Se
 
 def _recovered(s: Session, e: ev.SessionRecovered) -> Session:
     processes = ", ".join(s.faults[-1].processes) if s.faults else "the faulted process"
+    done = f"relaunched after a dashboard restart: {processes} started again under the same plan" \
+        if s.faults and s.faults[-1].relaunch else f"recovered: {processes} replaced"
     return s.model_copy(update={"phase": "running", "health": "Healthy", "recovery_attempt": 0,
                                 "faults": _last_fault(s, outcome="recovered", recovery_s=round(e.seconds, 2)),
-                                "reason": f"recovered: {processes} replaced in {e.seconds:.1f} s"
-                                          + (f" ({e.detail})" if e.detail else "")})
+                                "reason": f"{done} in {e.seconds:.1f} s" + (f" ({e.detail})" if e.detail else "")})
 
 
 def _replace_node(state: State, node_id: str, **changes: object) -> State:

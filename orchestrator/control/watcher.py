@@ -30,6 +30,8 @@ from orchestrator.control.chart_samples import (
     sample,
 )
 from orchestrator.control.coordinator_client import CoordinatorClient, HealthLook
+from orchestrator.control.lease import LEASE_S, renew_every
+from orchestrator.control.process_ends import ended, lapsed
 from orchestrator.control.state import Session, Speculation, StageCache, StageProgress, StageStatus, State
 from orchestrator.control.watcher_wakeup import Wakeup
 from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
@@ -83,12 +85,12 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None],
         statuses.append(StageStatus(alive=info.alive, port_listening=info.port_listening,
                                     connected=(h.state == "up") if h is not None else None,
                                     step_ms=h.step_ms if h is not None else None,
-                                    detail="" if info.alive else f"exited ({info.exit_code or info.signal})",
+                                    detail="" if info.alive else ended(info),
                                     progress=progress_of(h), fault=f"wedged: {fault}" if fault else "",
                                     prompt_cache=cache_of(h),
                                     speculation=speculation_of(coordinator) if st is session.stages[-1] else None))
         if not info.alive:
-            problems.append(f"{name} on {st.node_name} exited ({info.exit_code or info.signal or 'unknown'})")
+            problems.append(f"{name} on {st.node_name} ended ({ended(info)})")
         elif not info.port_listening:
             problems.append(f"{name} on {st.node_name}: transport port {st.port} not listening")
         elif fault:
@@ -100,7 +102,7 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None],
         culprits.append(name)
     coord = processes.get("coordinator")
     if coord is not None and not coord.alive:
-        problems.append(f"coordinator exited ({coord.exit_code or coord.signal or 'unknown'})")
+        problems.append(f"coordinator ended ({ended(coord)})")
         culprits.append("coordinator")
     elif look.busy:
         pass  # alive and answering, only full: never a fault by itself
@@ -149,7 +151,7 @@ class Watcher:
     """Background thread: leases, session observations, node reports."""
 
     def __init__(self, snapshot: Callable[[], State], agents: Callable[[str], AgentClient | None], post: Post,
-                 interval: float = 0.5, lease_s: float = 15.0, report_every: float = 3.0,
+                 interval: float = 0.5, lease_s: float = LEASE_S, report_every: float = 3.0,
                  clock: Clock = SYSTEM_CLOCK, confirm_s: float = 1.5,
                  secret_of: Callable[[str], str | None] = lambda _: None) -> None:
         self._snapshot = snapshot
@@ -179,6 +181,18 @@ class Watcher:
         # progress, or BUSY_LIMIT_S in all (`Suspect`), as a stage is judged by its step counters.
         self.confirm_s = confirm_s
         self._suspects: dict[str, Suspect] = {}  # session id -> its unconfirmed problem
+        # Sessions found in the state at a restart, until `decide` has said what becomes of them
+        # (ResumeSession): their leases are renewed, but they are not judged meanwhile — a
+        # fault posted from here first would be repaired without knowing what the restart found.
+        self._held: set[str] = set()
+
+    def hold(self, session_ids: set[str]) -> None:
+        """Renew these sessions' leases but do not judge them until `release`."""
+        self._held |= set(session_ids)
+
+    def release(self, session_id: str) -> None:
+        """Judge this session again from the next cycle on."""
+        self._held.discard(session_id)
 
     def start(self) -> None:
         """Start the loop in a daemon thread."""
@@ -220,13 +234,13 @@ class Watcher:
         """One round: leases (every lease/3 s), sessions, node reports (every report_every s)."""
         state = self._snapshot()
         now = self._clock.monotonic()
-        if now - self._last_lease >= self.lease_s / 3:
+        if now - self._last_lease >= renew_every(self.lease_s):
             self._last_lease = now
             for s in state.sessions:
                 for node_id in s.node_ids:
                     self._pool.submit(self._renew, node_id, s.id)
         # Recovering sessions are watched too (their stage cards stay live) but never faulted twice.
-        running = [s for s in state.sessions if s.phase in ("running", "recovering")]
+        running = [s for s in state.sessions if s.phase in ("running", "recovering") and s.id not in self._held]
         if self._pulsing:
             self._pulse.follow({s.id: s.url for s in running})
         node_ids = {nid for s in running for nid in s.node_ids}
@@ -261,12 +275,32 @@ class Watcher:
         except AgentError:
             return None
 
-    def inspect(self, s: Session, health_timeout: float = 3.0) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...]]:
-        """One look at a session now, outside the loop (the orchestrator's restart recovery)."""
+    def inspect(self, s: Session, health_timeout: float = 3.0) -> tuple[tuple[StageStatus, ...], str, tuple[str, ...],
+                                                                        tuple[str, ...]]:
+        """One look at a session now, outside the loop (the orchestrator's restart recovery):
+        its leases renewed first — so that nothing counted alive here ends a moment later for a
+        lease that lapsed during the restart —, then its processes and its coordinator judged.
+        Returns the stages' status, the problem, the culprits and the processes that are gone."""
         node_ids = set(s.node_ids)
+        renewed = {nid: self._renew_now(nid, s.id) for nid in node_ids}
         listed = {nid: self._processes(nid) for nid in node_ids}
         processes, look = _look(s, listed, self.client(s), health_timeout)
-        return judge(s, processes, look)
+        node_of = {f"stage-{st.index}": st.node_id for st in s.stages} | {"coordinator": s.coordinator_node}
+        processes = lapsed(processes, renewed, node_of)
+        statuses, problem, culprits = judge(s, processes, look)
+        gone = tuple(name for name, info in processes.items() if info is not None and not info.alive)
+        return statuses, problem, culprits, gone
+
+    def _renew_now(self, node_id: str, session_id: str) -> set[str] | None:
+        """Extend the session's leases on one node now: the processes renewed (empty when none
+        runs there any more), None when its agent did not answer."""
+        agent = self._agents(node_id)
+        if agent is None:
+            return None
+        try:
+            return set(agent.renew_lease(session_id, self.lease_s).renewed)
+        except AgentError as exc:
+            return set() if exc.status == 404 else None
 
     def client(self, s: Session) -> CoordinatorClient:
         """The session's coordinator, asked with its cluster's control token."""
