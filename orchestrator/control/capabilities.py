@@ -1,9 +1,11 @@
-"""What a control-plane worker may use of the orchestrator: one frozen `Ports` object.
+"""What a control-plane worker may use of the orchestrator: one frozen `Capabilities` object.
 
 The effect runner, the Models tab's worker and the performance measurements run in their own
 threads and talk to the outside world; they get these ports, never the `Orchestrator` itself,
 so what each may touch is written down here, a test can hand them fakes
 (tests/control/test_effects.py), and no worker module imports `core` (no import cycle).
+("Ports" in pipeserve are TCP ports only: `proc/ports.py`, `planner/ports.py`, an agent's
+transport range.)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Ports:
+class Capabilities:
     """The orchestrator's side, as workers see it.
 
     `state()` is the latest snapshot; `post(event)` hands an event to the orchestrator thread;

@@ -24,6 +24,7 @@ from orchestrator.agent.hub import HubListing
 from orchestrator.agent.names import InvalidName, check_model_id
 from orchestrator.atomic_write import write_atomically
 from orchestrator.control import events as ev
+from orchestrator.control.capabilities import Capabilities
 from orchestrator.control.commands import (
     CancelDownload,
     CommandRefused,
@@ -42,7 +43,6 @@ from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownl
 from orchestrator.control.fetching import FetchCancelled, FetchDetached, fetch_from_hub
 from orchestrator.control.lan_copies import FollowingCopies
 from orchestrator.control.model_rules import reachable_name
-from orchestrator.control.ports import Ports
 from orchestrator.proc.wait import wait_until
 
 if TYPE_CHECKING:
@@ -71,7 +71,8 @@ def parse_hub_ref(repo_id: str, revision: str = "") -> HubRef:
 class ModelManager:
     """Downloads, single-node serving and deletion, for one Orchestrator."""
 
-    def __init__(self, ports: Ports, state_dir: Path, launch_single: Callable[[str, str, int, int], Session]) -> None:
+    def __init__(self, ports: Capabilities, state_dir: Path,
+                 launch_single: Callable[[str, str, int, int], Session]) -> None:
         self.ports = ports
         self._launch_single = launch_single  # the orchestrator's: a session id and the clock come with it
         self._cancels_lock = threading.Lock()  # the orchestrator thread adds flags, workers remove theirs

@@ -15,8 +15,8 @@ from typing import Any
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobTimeout, follow_job
 from orchestrator.control import events as ev
+from orchestrator.control.capabilities import Capabilities
 from orchestrator.control.measured import holds, missing
-from orchestrator.control.ports import Ports
 from orchestrator.control.state import Node, State
 from orchestrator.proc.wait import WaitTimeout, wait_until
 
@@ -74,7 +74,7 @@ def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id:
 
 
 
-def refresh_after_preview(ports: Ports, model_id: str, node_ids: list[str], links: bool, timing: bool,
+def refresh_after_preview(ports: Capabilities, model_id: str, node_ids: list[str], links: bool, timing: bool,
                           again: Callable[[], None]) -> None:
     """After a preview (a worker): measure what the plan lacked (`decide` said which) and, after
     each part, post the nodes' fresh reports, wait until they are applied and have `again`

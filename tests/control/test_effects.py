@@ -1,6 +1,6 @@
 """Each effect type through the one effect runner, against fake ports.
 
-The runner gets `Ports` (control/ports.py), never the Orchestrator, so each effect can be run
+The runner gets `Capabilities` (control/capabilities.py), never the Orchestrator, so each effect can be run
 here with what it talks to replaced at the true external seams: the node agents' HTTP API
 and the router's registrar are stand-ins that record what they were asked (and fail when
 told to); the secret store is the real one, in a temporary directory. What is asserted is
@@ -18,6 +18,7 @@ import pytest
 from orchestrator import logs
 from orchestrator.agent.client import AgentError
 from orchestrator.control import events as ev
+from orchestrator.control.capabilities import Capabilities
 from orchestrator.control.commands import ResumeSession
 from orchestrator.control.decide import (
     CancelWork,
@@ -32,7 +33,6 @@ from orchestrator.control.download_state import HubRef, ModelDownload
 from orchestrator.control.effects import EffectRunner
 from orchestrator.control.launcher import Timeouts
 from orchestrator.control.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
-from orchestrator.control.ports import Ports
 from orchestrator.control.secrets import SecretStore
 from orchestrator.control.state import Fault, State
 from orchestrator.proc import wait_until
@@ -115,10 +115,11 @@ class World:
         self.submitted: list[Any] = []
         self.secrets = SecretStore(tmp_path)
         self.models = FakeModels()
-        self.ports = Ports(state=lambda: State(), post=self.events.append, submit=self.submitted.append,
-                           command=self._no_command, agent=lambda node_id: self.agent, registrar=self.registrar,
-                           secrets=self.secrets, timeouts=Timeouts(listen=5, healthy=5, stop=1, lease=6, routable=1),
-                           clock=SYSTEM_CLOCK, log=logs.get("test-effects"))
+        self.ports = Capabilities(state=lambda: State(), post=self.events.append, submit=self.submitted.append,
+                                  command=self._no_command, agent=lambda node_id: self.agent, registrar=self.registrar,
+                                  secrets=self.secrets,
+                                  timeouts=Timeouts(listen=5, healthy=5, stop=1, lease=6, routable=1),
+                                  clock=SYSTEM_CLOCK, log=logs.get("test-effects"))
         self.runner = EffectRunner(self.ports, self.models, lambda s: (None, None, ()))  # type: ignore[arg-type]
 
     @staticmethod
