@@ -143,7 +143,7 @@ def test_2_select_model_and_two_nodes_preview_plan(stack, admin, viewer, shots):
 
 RECORD_PREPARE = """() => {
   window.__prepareSeen = [];
-  const labels = /(Needs download|Downloading|Verified|Mismatch|Checking|Failed)/g;
+  const labels = /(Needs download|Downloading|Present|Mismatch|Checking|Failed)/g;
   const look = () => {
     for (const row of document.querySelectorAll('#prepare-status tr, #prepare-status li')) {
       if (!/node-b/.test(row.textContent)) continue;
@@ -169,13 +169,16 @@ def test_3_prepare_copies_the_model_to_the_node_that_lacks_it(stack, admin, view
     expect(row_b.get_by_role("progressbar")).to_be_attached()
     expect(row_b).to_contain_text(re.compile(r"\b[1-9]\d?%"))  # under way: 1-99 %
     shots(page, "03a-prepare-copying")
-    expect(row_b).to_contain_text("Verified", timeout=PREPARE_MS)
+    expect(row_b).to_contain_text("Present", timeout=PREPARE_MS)
+    expect(row_b).to_contain_text("copied over the LAN from node-a, then verified")
     expect(row_b).not_to_contain_text("Needs download")
-    expect(entry(page, "#prepare-status", "node-a")).to_contain_text("Verified")
+    expect(entry(page, "#prepare-status", "node-a")).to_contain_text("Present")
+    # the seed's label, the verification its detail line (issue 38 item 5)
+    expect(entry(page, "#prepare-status", "node-a")).to_contain_text("verified: the reference copy")
     expect(prep).to_contain_text("ready to launch")
     seen = page.evaluate("() => window.__prepareSeen")
     first_need = next(i for i, s in enumerate(seen) if "Needs download" in s)
-    assert seen[-1] == "Verified" and first_need < len(seen) - 1, seen
+    assert seen[-1] == "Present" and first_need < len(seen) - 1, seen
     # the copy is real, complete and verified; node-c was not selected and got nothing
     assert (b_models / "model.safetensors").stat().st_size == \
         (stack.node("node-a").models_dir / MODEL_ID / "model.safetensors").stat().st_size

@@ -22,6 +22,7 @@ from orchestrator.control import events as ev
 from orchestrator.control.download_state import HubRef, NodeDownload
 from orchestrator.control.fetching import fetch_from_hub
 from orchestrator.control.state import NodePreparation, Preparation
+from orchestrator.units import format_bytes
 
 Post = Callable[[ev.Event], None]
 STATUS = {"present": "present", "needs_download": "needs_download", "mismatch": "mismatch"}
@@ -88,8 +89,9 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
     When no registered node has the model and `hub` is given, the first selected node downloads it
     from the hub and the others copy it from there over the LAN (the table names each node's source).
     """
-    post(ev.PreparationStarted(preparation=Preparation(
-        model_id=model_id, nodes=tuple(NodePreparation(node_id=n) for n in targets))))
+    looking = "looking for a node that holds the model, to check against"
+    post(ev.PreparationStarted(preparation=Preparation(model_id=model_id, nodes=tuple(
+        NodePreparation(node_id=n, detail=looking) for n in targets))))
     try:
         from_hub = None
         try:
@@ -98,7 +100,17 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
             if hub is None:
                 raise
             source_id, manifest = from_hub = _from_hub(model_id, hub, targets, post, names)
-        states = {n: _check(n, model_id, c, manifest) for n, c in targets.items()}
+        reference = names.get(source_id, source_id)
+        for n in targets:  # say what is being checked while the agents hash (seconds on a busy machine)
+            post(ev.PreparationProgressed(node=NodePreparation(node_id=n, detail=(
+                f"hashing its copy's {len(manifest.files)} files ({format_bytes(manifest.total_bytes)}), sha256"
+                if n == source_id else f"comparing its copy with {reference}'s: {len(manifest.files)} files "
+                f"({format_bytes(manifest.total_bytes)}), sha256 of each"))))
+        # In parallel: a node without a copy answers at once, not after the others' hashing
+        with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="prepare-check") as pool:
+            checks = {n: pool.submit(_check, n, model_id, c, manifest, "" if n == source_id else reference)
+                      for n, c in targets.items()}
+            states = {n: f.result() for n, f in checks.items()}
         if from_hub is not None and states[source_id].status == "present":
             states[source_id] = states[source_id].model_copy(update={
                 "verdict": "needs_download", "source": f"hub {hub.label}"})
@@ -138,7 +150,7 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
                 stop.set()
                 raise
             if info.state == "done":
-                node = _check(n, model_id, targets[n], manifest)  # verified again, by the node itself
+                node = _check(n, model_id, targets[n], manifest, reference)  # verified again, by the node itself
                 node = node.model_copy(update={"verdict": states[n].status, "source": downloading[n]})
             else:
                 node = copying(info).model_copy(update={"status": "failed", "detail": info.error or info.state})
@@ -167,13 +179,17 @@ def prepare(model_id: str, targets: dict[str, AgentClient], everyone: dict[str, 
     return True
 
 
-def _check(node_id: str, model_id: str, client: AgentClient, manifest: Manifest) -> NodePreparation:
-    """Ask a node to compare its copy with the manifest (it re-hashes files that changed)."""
+def _check(node_id: str, model_id: str, client: AgentClient, manifest: Manifest, reference: str) -> NodePreparation:
+    """Ask a node to compare its copy with the manifest of `reference`'s ("": its own, it is the
+    reference) — it re-hashes files that changed; a Present copy says how it was verified."""
     try:
         result = client.check(model_id, manifest)
     except AgentError as exc:
         return NodePreparation(node_id=node_id, status="failed", detail=exc.message)
     detail = result.message
+    if result.status == "present":
+        detail = f"verified: every file's sha256 matches {reference}'s copy" if reference else \
+            "verified: the reference copy, every file hashed (sha256)"
     if result.mismatched:
         detail = f"differs: {', '.join(result.mismatched[:5])}"
     return NodePreparation(node_id=node_id, status=STATUS[result.status], verdict=STATUS[result.status], detail=detail,

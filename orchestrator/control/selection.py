@@ -88,12 +88,12 @@ def launch_blocker(state: State, chosen: Selection) -> str | None:
         return "the shard plan is refused" + (f": {reasons[0].message}" if reasons else "")
     prep = state.preparation
     if prep is None:
-        return "Prepare on all nodes first: launching needs every selected node's copy Verified"
+        return "Prepare on all nodes first: launching needs every selected node's copy Present (verified)"
     if not preparation_matches(prep, chosen):
         return (f"the preparation shown is {preparation_label(state, prep)}, not this selection: "
                 "Prepare on all nodes again")
     if not prep.finished:
         return "preparation is still running"
     if not prep.ready:
-        return "preparation did not finish with every node's copy Verified: Prepare on all nodes again"
+        return "preparation did not finish with every node's copy Present: Prepare on all nodes again"
     return None

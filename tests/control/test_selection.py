@@ -68,7 +68,7 @@ def test_a_hub_repo_of_another_model_is_named_with_the_way_out():
     (state(prepared(nodes=("n0", "n1", "n2"))).model_copy(update={"preparation": prepared()}),
      SMOL_AB, None),
     (state(prepared(finished=False, status="downloading")), SMOL_AB, "preparation is still running"),
-    (state(prepared(status="mismatch")), SMOL_AB, "preparation did not finish with every node's copy Verified"),
+    (state(prepared(status="mismatch")), SMOL_AB, "preparation did not finish with every node's copy Present"),
     (state(prepared(), "refusal"), SMOL_AB, "the shard plan is refused: stage 1 needs"),
     # an enabled Launch must not refuse: the plan of this very selection comes first
     (state(prepared(), None), SMOL_AB, "Preview shard plan of smol on node-a, node-b at 2048 tokens first"),

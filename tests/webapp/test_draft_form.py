@@ -26,7 +26,8 @@ def test_the_draft_model_is_offered_then_counted_on_the_coordinators_node(still:
     still.orch._state = with_models(BASE, draft_info())
     select = _form(still)
     assert "disabled" not in select.attrs
-    assert [o.attrs["value"] for o in select.find_all("option")] == ["", MODEL, DRAFT]
+    # the served model is never offered as its own draft (issue 38 item 5)
+    assert [o.attrs["value"] for o in select.find_all("option")] == ["", DRAFT]
     r = post(still, "/cluster/plan", {"model": MODEL, "nodes": ["n0", "n1"], "context_length": "2048",
                                       "draft_model": DRAFT})
     assert r.status_code == 200

@@ -28,7 +28,7 @@ def test_the_distributed_tab_shows_the_whole_flow(rich: Web):
     for element in ("nodes", "add-node", "cluster-form", "plan-preview", "prepare-status", "cluster-monitor"):
         page.by_id(element)
     for label in ("Add node", "Register", "Model", "Preview shard plan", "Prepare on all nodes", "Launch cluster",
-                  "Stop cluster", "Healthy", "Verified", "Needs download", "Unsupported: unreachable"):
+                  "Stop cluster", "Healthy", "Present", "Needs download", "Unsupported: unreachable"):
         assert label in page.text, label
     # only display components are live: forms are never pushed under the user's hands
     live = page.find("main").attrs["ws-connect"].split("components=")[1].split(",")

@@ -17,8 +17,9 @@ from webapp.views.context import ViewContext
 from webapp.views.format import percent, rate, size, unsupported_text
 from webapp.views.sessions import shown_health, stage_rows
 
-# one vocabulary with Models → Local: a copy checked file by file against the reference is Verified
-PREPARE_LABELS = {"checking": "Checking", "present": "Verified", "needs_download": "Needs download",
+# The seed's three classes (Present / Needs download / Mismatch); how a Present copy was verified
+# is its detail line ("verified: every file's sha256 matches node-a's copy")
+PREPARE_LABELS = {"checking": "Checking", "present": "Present", "needs_download": "Needs download",
                   "mismatch": "Mismatch", "downloading": "Downloading", "failed": "Failed"}
 
 
@@ -160,7 +161,7 @@ def _current_choice(state: State) -> tuple[str | None, list[str], int]:
 
 
 def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
-    """Per-node Verified / Needs download / Mismatch with progress, and which selection it is of
+    """Per-node Present / Needs download / Mismatch with progress, and which selection it is of
     (the page marks it stale beside another choice: static/app.js)."""
     prep = state.preparation
     if prep is None:
@@ -186,6 +187,8 @@ def prepare_view(state: State, ctx: ViewContext) -> dict[str, Any]:
 def _progress(p: NodePreparation) -> dict[str, Any]:
     """The bar's share and its words: no size known yet (still checking) is 0 % and says so,
     not "100 % · 0 B / 0 B"."""
+    if p.status == "checking":  # hashing: no byte count to show, the detail says what is checked
+        return {"percent": 0, "bytes": ""}
     if p.total_bytes <= 0:
         done = p.status == "present"
         return {"percent": 100 if done else 0, "bytes": "" if done else "size not known yet"}

@@ -101,12 +101,13 @@ def progress_text(p: StageProgress | None) -> str | None:
 
 def fault_rows(s: Session) -> list[dict[str, Any]]:
     """The session's faults, newest first, with what was left of each replaced process (pure)."""
-    return [_fault_row(f) for f in reversed(s.faults)]
+    return [_fault_row(f, s.cluster) for f in reversed(s.faults)]
 
 
-def _fault_row(f: Fault) -> dict[str, Any]:
+def _fault_row(f: Fault, cluster: bool = True) -> dict[str, Any]:
+    # a single-node session is no "cluster" (issue 38 item 5)
     outcome = {"recovered": f"recovered in {f.recovery_s:.1f} s" if f.recovery_s is not None else "recovered",
-               "stopped": "cluster stopped", "recovering": "recovering"}[f.outcome]
+               "stopped": "cluster stopped" if cluster else "session stopped", "recovering": "recovering"}[f.outcome]
     return {"at": time.strftime("%H:%M:%S", time.localtime(f.at)) if f.at else "", "reason": f.reason,
             "outcome": outcome, "state": f.outcome, "attempts": f.attempts,
             "processes": ", ".join(f.processes) or "–",

@@ -1,0 +1,51 @@
+"""The seed's words on the Distributed page (issue 38 item 5): Preparation classifies each node as
+Present / Needs download / Mismatch, a Present copy's verification is its detail line, a check
+under way says what it checks, and the form never says "choose a model" beside a model that
+looks chosen."""
+
+from __future__ import annotations
+
+from orchestrator.control.state import Fault, NodePreparation, Preparation
+from tests.support.builders import session
+from tests.support.control_states import BASE, HELD, MODEL, with_models
+from tests.support.html import parse
+from tests.support.view_states import rich_state
+from tests.webapp.conftest import Web
+from webapp.views.cluster import prepare_view
+from webapp.views.context import ViewContext
+from webapp.views.sessions import fault_rows
+
+CTX = ViewContext(role="viewer")
+
+
+def test_a_present_copy_is_labelled_present_with_its_verification_as_detail():
+    state = rich_state().model_copy(update={"preparation": Preparation(model_id="smol", finished=True, nodes=(
+        NodePreparation(node_id="n0", status="present", verdict="present",
+                        detail="verified: the reference copy, every file hashed (sha256)"),))})
+    [row] = prepare_view(state, CTX)["prep"]["rows"]
+    assert row["label"] == "Present" and row["detail"].startswith("verified:")
+
+
+def test_a_check_under_way_says_what_it_checks_not_a_size_it_does_not_know(still: Web):
+    checking = NodePreparation(node_id="n1",
+                               detail="comparing its copy with node-a's: 8 files (513 MiB), sha256 of each")
+    still.orch._state = BASE.model_copy(update={"preparation": Preparation(model_id=MODEL, nodes=(checking,))})
+    html = still.client("admin").get("/models?tab=distributed").get_data(as_text=True)
+    row = parse(html).by_id("prepare-status").find("tr", **{"data-node": "node-b"})
+    assert "Checking" in row.text and "comparing its copy with node-a's" in row.text and "checking…" in row.text
+    assert "size not known yet" not in row.text and "0%" not in row.text
+
+
+def test_with_no_model_chosen_the_picker_says_so_instead_of_showing_one(still: Web):
+    still.orch._state = with_models(BASE, *HELD)
+    form = parse(still.client("admin").get("/cluster/form?nodes=n0&nodes=n1").get_data(as_text=True))
+    first = form.by_id("model").find_all("option")[0]
+    assert first.attrs["value"] == "" and "selected" in first.attrs and first.text == "Choose a model"
+    assert "Launch waits: choose a model" in form.text
+
+
+def test_a_single_node_session_is_never_called_a_cluster():
+    stopped = Fault(at=1.0, reason="stage-0 ended", outcome="stopped")
+    single = session(splits=((0, 29),), cluster=False, faults=(stopped,))
+    assert [r["outcome"] for r in fault_rows(single)] == ["session stopped"]
+    assert [r["outcome"] for r in fault_rows(session(faults=(stopped,)))] == ["cluster stopped"]
