@@ -27,14 +27,16 @@ MODEL = ModelInfo(id="tiny", mlx_format=True, supported=True, num_layers=4, mani
 peer = partial(builders.node, models=(MODEL,))
 
 
-def session() -> Session:
-    """The 2-stage session of MODEL (layers 0-1 on node-a, 2-3 on node-b) with its cluster TOML."""
+def _two_stages() -> Session:
     s = builders.session(phase="launching", name="tiny-2stage", model="tiny", splits=((0, 1), (2, 3)), port=39600,
                          coordinator_port=39601)
     return s.model_copy(update={"config_toml": cluster_toml(s)})
 
 
-NEED_MB = stage_bytes(MODEL, session().stages[1], "") // MB + 1  # what stage 1 needs, rounded up
+SESSION = _two_stages()  # MODEL's 4 layers: 0-1 on node-a, 2-3 on node-b, with its cluster TOML
+
+
+NEED_MB = stage_bytes(MODEL, SESSION.stages[1], "") // MB + 1  # what stage 1 needs, rounded up
 
 
 @pytest.mark.parametrize("nodes, expected", [
@@ -70,7 +72,7 @@ NEED_MB = stage_bytes(MODEL, session().stages[1], "") // MB + 1  # what stage 1 
     ([peer("node-b")], "node-b: the stage's own node (its agent is unreachable)"),
 ])
 def test_choose_node(nodes: list[Node], expected: str) -> None:
-    choice = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="n1")
+    choice = choose_node(SESSION, 1, nodes, MODEL, SETTINGS, failed="n1")
     if isinstance(choice, Move):
         name, _, source = expected.partition(" copying from ")
         assert choice.node_name == name and choice.index == 1
@@ -84,7 +86,7 @@ def test_a_refusal_says_why_for_every_node() -> None:
     nodes = [peer("node-a", MB), peer("node-b"), peer("node-c", reachable=False), peer("node-d", models=(), disk=0),
              peer("node-e", MB, models=(MODEL.model_copy(update={"manifest": OTHER_MANIFEST}),)),
              peer("node-f", ports=())]
-    why = choose_node(session(), 1, nodes, MODEL, SETTINGS, failed="n1")
+    why = choose_node(SESSION, 1, nodes, MODEL, SETTINGS, failed="n1")
     assert isinstance(why, str)
     for part in ("node-a: 1.0 MiB free, the stage needs", "node-b: the stage's own node", "node-c: unreachable",
                  "node-d: does not hold tiny, and its 0 B of free disk", "node-e: 1.0 MiB free, the stage needs",
@@ -93,12 +95,12 @@ def test_a_refusal_says_why_for_every_node() -> None:
 
 
 def test_a_port_the_session_already_uses_on_that_node_is_not_reused() -> None:
-    choice = choose_node(session(), 1, [peer("node-a", ports=(39600, 39601, 39602))], MODEL, SETTINGS, "n1")
+    choice = choose_node(SESSION, 1, [peer("node-a", ports=(39600, 39601, 39602))], MODEL, SETTINGS, "n1")
     assert isinstance(choice, Move) and choice.port == 39602  # 39600: stage 0, 39601: the coordinator
 
 
 def test_the_need_counts_the_kv_cache_the_session_was_planned_for() -> None:
-    s = session()
+    s = SESSION
     small = stage_bytes(MODEL, s.stages[1], s.config_toml.replace("[cluster]", "[cluster]\ncontext_length = 1024"))
     large = stage_bytes(MODEL, s.stages[1], s.config_toml.replace("[cluster]", "[cluster]\ncontext_length = 65536"))
     assert small is not None and large is not None and small < large
@@ -106,7 +108,7 @@ def test_the_need_counts_the_kv_cache_the_session_was_planned_for() -> None:
 
 
 def test_moved_toml_changes_only_that_stage_address() -> None:
-    s = session()
+    s = SESSION
     move = Move(index=1, node_id="n2", node_name="node-c", host="10.0.0.9", port=39605)
     before, after = tomllib.loads(s.config_toml), tomllib.loads(moved_toml(s.config_toml, move))
     assert [n for n in after["nodes"] if n["id"] == "stage-1"][0]["address"] == "10.0.0.9:39605"
@@ -115,7 +117,7 @@ def test_moved_toml_changes_only_that_stage_address() -> None:
 
 
 def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
-    s = session()
+    s = SESSION
     s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 1,
                              "faults": (Fault(at=1.0, reason="agent unreachable", processes=("stage-1",),
                                               outcome="recovering", attempts=1),)})
@@ -139,7 +141,7 @@ def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
 def test_a_copy_before_the_move_is_a_step_of_the_attempt_with_its_progress() -> None:
     from orchestrator.control.timelines import copy_started, progress_detail
 
-    s = session()
+    s = SESSION
     s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 2,
                              "faults": (Fault(at=1.0, reason="agent unreachable", processes=("stage-1",),
                                               outcome="recovering", attempts=2),)})

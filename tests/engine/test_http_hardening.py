@@ -162,20 +162,22 @@ def test_a_slowly_trickled_request_head_is_cut_off(served):
     t0 = time.monotonic()
     with socket.create_connection(("127.0.0.1", cluster.http_port), timeout=5) as sock:
         closed_after = None
-        for byte in head:
+        for sent, byte in enumerate(head, 1):
             try:
                 sock.sendall(bytes([byte]))
                 sock.settimeout(1.0)
                 if sock.recv(65536) == b"":
-                    closed_after = time.monotonic() - t0
+                    closed_after = sent
                     break
             except TimeoutError:
                 continue
             except OSError:
-                closed_after = time.monotonic() - t0
+                closed_after = sent
                 break
-    print(f"trickled head closed after {closed_after} s (header timeout {HEADER_TIMEOUT} s)")
-    assert closed_after is not None and closed_after < HEADER_TIMEOUT + 20
+    print(f"trickled head closed after {closed_after} of {len(head)} bytes, {time.monotonic() - t0:.1f} s "
+          f"(header timeout {HEADER_TIMEOUT} s)")
+    # closed mid-head, with a byte a second keeping every read alive: a deadline for the whole head
+    assert closed_after is not None and closed_after < len(head)
 
 
 def _metric(cluster: LocalPipeline, pattern: str) -> float:
