@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= .demo
 
-.PHONY: test test-matrix lint demo setup system clean bench
+.PHONY: test test-matrix lint demo setup system clean bench bench-machine
 
 setup: $(STAMP) system
 
@@ -51,7 +51,14 @@ test-matrix: lint
 demo: setup
 	$(BIN)/python -m orchestrator.demo_stack --dir $(DEMO_DIR)
 
+# 2 emulated nodes (one core each) against one node, mlx-lm's server and pipeline in the same run
+# (docs/benchmark.md); `make bench BENCH_ARGS=--quick` for smaller sizes on a shared 2-core machine.
+BENCH_ARGS ?=
 bench: setup
+	$(BIN)/python e2e/bench_nodes.py $(BENCH_ARGS)
+
+# The older whole-machine comparison (a 2-stage split against one process given every core).
+bench-machine: setup
 	$(BIN)/python e2e/bench_pipeline.py
 
 clean:

@@ -1,0 +1,109 @@
+"""A client of any OpenAI-compatible server (pipeserve's coordinator, `mlx_lm.server`, mlx-lm's
+pipeline): streamed `POST /v1/completions` with a text prompt, timed per event, and the rates
+computed alike for every server.
+
+Servers differ in how many tokens one streamed event carries (mlx_lm.server holds back text that is
+not yet whole UTF-8), so token counts come from the stream's `usage` block
+(`stream_options.include_usage`) and a rate is tokens over the time between the first and the last
+event, never one event per token.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Answer:
+    """One streamed completion as the client saw it (perf_counter seconds)."""
+
+    t_submit: float
+    t_first: float          # first event carrying text or a finish
+    t_last: float           # last such event
+    prompt_tokens: int
+    tokens: int             # completion tokens (usage), or the events counted
+    finish: str | None
+
+    @property
+    def ttft(self) -> float:
+        """Request sent -> first token."""
+        return self.t_first - self.t_submit
+
+    @property
+    def decode_rate(self) -> float:
+        """Tokens per second after the first one (NaN under two tokens)."""
+        span = self.t_last - self.t_first
+        return (self.tokens - 1) / span if self.tokens > 1 and span > 0 else float("nan")
+
+
+def complete(port: int, model: str, prompt: str, max_tokens: int, host: str = "127.0.0.1",
+             timeout: float = 1800.0) -> Answer:
+    """One streamed completion, temperature 0."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    t0 = time.perf_counter()
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status} from :{port}: {resp.read()[:300]!r}")
+        first = last = None
+        events, usage, finish = 0, {}, None
+        for raw in resp:
+            if not raw.startswith(b"data: ") or raw.startswith(b"data: [DONE]"):
+                continue
+            t = time.perf_counter()
+            event = json.loads(raw[6:])
+            if "error" in event:
+                raise RuntimeError(f"stream error from :{port}: {event['error']}")
+            usage = event.get("usage") or usage
+            for choice in event.get("choices", []):
+                if choice.get("text") or choice.get("finish_reason"):
+                    first = first if first is not None else t
+                    last = t
+                    events += bool(choice.get("text"))
+                finish = choice.get("finish_reason") or finish
+    finally:
+        conn.close()
+    if first is None:
+        raise RuntimeError(f"no token from :{port}")
+    return Answer(t0, first, last, int(usage.get("prompt_tokens", 0)),
+                  int(usage.get("completion_tokens", events)), finish)
+
+
+def concurrent(port: int, model: str, prompts: list[str], max_tokens: int) -> list[Answer]:
+    """len(prompts) completions started together, one thread each."""
+    out: list[Answer | BaseException | None] = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait()
+            out[i] = complete(port, model, prompts[i], max_tokens)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return out  # type: ignore[return-value]
+
+
+def throughput(answers: list[Answer]) -> float:
+    """Completion tokens of all answers per second, from the first request sent to the last token."""
+    return sum(a.tokens for a in answers) / (max(a.t_last for a in answers) - min(a.t_submit for a in answers))
+
+
+def decode_aggregate(answers: list[Answer]) -> float:
+    """The sum of the answers' decode rates (each after its first token)."""
+    return sum(a.decode_rate for a in answers)
