@@ -1,0 +1,56 @@
+"""`make bench` cannot silently rot: its --smoke mode runs every system (one node, pipeserve's 2
+pinned stages, mlx-lm's pipeline) on a tiny qwen2 model, and the report names every target.
+No measured figure is asserted: only that each was measured and judged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e.bench.nodes_cli import main
+from e2e.bench.nodes_report import verdict
+from e2e.bench.pinning import affinity, descendants, pin
+
+TARGETS = ("long-prompt TTFT", "decode at 1 request", "aggregate at 4 (short answers", "aggregate at 8 (short answers",
+           "aggregate at 4, long answers", "aggregate at 8, long answers", "÷ mlx-lm's pipeline at 1 request",
+           "÷ mlx-lm's pipeline at 4 requests", "÷ mlx-lm's pipeline at 8 requests", "the plan's predicted")
+
+
+def test_a_verdict_is_taken_on_the_median_and_says_when_rounds_disagree():
+    assert verdict([1.0, 1.2, 0.9], lambda v: v >= 0.95) == "**met** (rounds on both sides)"
+    assert verdict([0.5, 0.55], lambda v: v <= 0.6) == "**met**"
+    assert verdict([], lambda v: True) == "n/a"
+
+
+def test_pinning_covers_every_thread_of_a_process_tree():
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(30,)).start(); print(1, flush=True)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # its second thread runs
+        core = max(os.sched_getaffinity(0))
+        assert pin(child.pid, {core}) == 2
+        assert affinity(child.pid) == {core}
+        assert child.pid in descendants(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 emulated nodes need 2 cores")
+def test_the_smoke_run_measures_every_system_and_judges_every_target(tmp_path: Path):
+    out, raw = tmp_path / "report.md", tmp_path / "raw.json"
+    assert main(["--smoke", "--workdir", str(tmp_path / "w"), "--out", str(out), "--json", str(raw)]) == 0
+    text = out.read_text()
+    for target in TARGETS:
+        assert f"| qwen2-tiny | {target}" in text, target
+    run = json.loads(raw.read_text())[0]
+    assert set(run["results"]) == {"node", "pipeserve", "mlxpipe"}
+    assert all(len(v) == 1 for metrics in run["results"].values() for v in metrics.values())
+    assert run["blas"] == {"node": "OpenBLAS", "pipeserve": "OpenBLAS", "mlxpipe": "OpenBLAS"}
+    assert "stage-1: [" in run["pinning"]["pipeserve"]
