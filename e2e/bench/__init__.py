@@ -1,7 +1,15 @@
-"""Benchmark: the 2-stage pipeline on loopback against single-process mlx-lm, side by side.
+"""Benchmarks of the pipeline against mlx-lm, side by side.
 
-`make bench` (`e2e/bench_pipeline.py`, which calls `cli.main`) prints a Markdown report and
-writes it to docs/benchmark.md. Layout:
+`make bench` (`e2e/bench_nodes.py`, `nodes_cli.main`) is the emulated-node comparison: each node is
+one CPU core, a 2-stage pipeline against ONE node (`mlx_lm.server` on one core) and against mlx-lm's
+own pipeline, in interleaved rounds; it prints one table of the targets (docs/benchmark.md has the
+method and the current tables). Its modules: `nodes` (the rounds and metrics), `node_systems` (the
+three servers, pinned), `pinning` (affinity), `openai_client` (streamed text completions, any
+server), `node_models` (SmolLM2 and the qwen2 models), `nodes_report` (the tables and verdicts).
+
+`make bench-machine` (`e2e/bench_pipeline.py`, which calls `cli.main`) is the older whole-machine
+comparison (a 2-stage split against one process given every core); it prints a Markdown report and
+writes it into docs/benchmark-history.md. Layout:
 
 * `cli` — options, the run's order, writing the report (and JSON);
 * measuring: `plan` (targets, systems), `measure` (a group: one model and BLAS, its

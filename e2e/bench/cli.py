@@ -2,7 +2,7 @@
 
 Usage: e2e/bench_pipeline.py [--quick] [--models smollm2,llama1b] [--families llama,qwen3_moe,llama-q4|none]
        [--no-reference-blas] [--repeats N] [--tokens N] [--systems ...] [--variant ...]
-       [--max-seconds S] [--out docs/benchmark.md] [--json raw.json]
+       [--max-seconds S] [--out docs/benchmark-history.md] [--json raw.json]
 
 A/B of an engine change, side by side in one run:
   e2e/bench_pipeline.py --no-reference-blas --systems single2,pipe1 --families none \\
@@ -63,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
                    "measure another engine tree side by side (repeatable)")
     p.add_argument("--full", action="store_true", help="no shortcuts: every round of TTFT with the reference "
                    "BLAS, all rounds for llama1b, llama1b with the reference BLAS too (very slow)")
-    p.add_argument("--out", default=str(ROOT / "docs" / "benchmark.md"), help="Markdown report path")
+    p.add_argument("--out", default=str(ROOT / "docs" / "benchmark-history.md"), help="Markdown report path")
     p.add_argument("--json", default=None, help="also write raw results as JSON here")
     p.add_argument("--workdir", default="/tmp/pipeserve-bench", help="logs of the processes")
     return p
