@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from e2e.bench.client import get_json
 from e2e.bench.pinning import affinity, descendants, pin
@@ -55,6 +56,7 @@ class Server:
 
     key = ""
     label = ""
+    host = "127.0.0.1"
     port = 0
     model_name = ""
 
@@ -203,27 +205,39 @@ class MlxPipeline(_ProcessGroup):
 
 
 class Pipeserve(Server):
-    """pipeserve's 2-stage `LocalPipeline`: stage k on core k, the coordinator beside stage 0."""
+    """pipeserve's 2-stage `LocalPipeline`: stage k on core k, the coordinator beside stage 0. With `lan`
+    (an `e2e.lan.netns.Lan`), each stage in its node's network namespace, so every boundary and the return
+    path cross the emulated link (`LanPipelineSystem`; the caller has joined the LAN's control namespace)."""
 
     key, label = "pipeserve", "pipeserve, 2 stages × 1 core"
 
     def __init__(self, model_dir: Path, model_name: str, cores: list[int], workdir: Path,
-                 splits: list[tuple[int, int]], cluster: dict[str, object] | None = None) -> None:
+                 splits: list[tuple[int, int]], cluster: dict[str, object] | None = None, lan: Any = None) -> None:
         from e2e.bench.procs import PipelineSystem
 
         self.cores, self.model_name = cores, model_name
         env = {"OPENBLAS_NUM_THREADS": "1", "PIPESERVE_BLAS": "openblas"}
         # prompt cache off: every measurement is a cold prefill (prompts are unique as well)
-        self.system = PipelineSystem(model_dir, workdir, splits, 1, None, env, model_name,
-                                     {"prompt_cache_bytes": 0, **(cluster or {})})
+        cluster = {"prompt_cache_bytes": 0, **(cluster or {})}
+        if lan is None:
+            self.system = PipelineSystem(model_dir, workdir, splits, 1, None, env, model_name, cluster)
+            self._procs = lambda: self.system.procs
+        else:
+            from e2e.bench.lan_pipeline import LanPipelineSystem
+
+            self.label += f", over {lan.profile.name}"
+            self.system = LanPipelineSystem(lan, model_dir, workdir, splits, 1, env, model_name, cluster,
+                                            port_base=free_port())
+            self.host = self.system.host
+            self._procs = lambda: {c.name: c.pid for c in self.system.children}
         self.port = self.system.port
         self.pin()
 
     def named(self) -> dict[str, int]:
-        return self.system.procs
+        return self._procs()
 
     def pids(self) -> list[int]:
-        return [p for pid in self.system.procs.values() for p in descendants(pid)]
+        return [p for pid in self.named().values() for p in descendants(pid)]
 
     def blas(self) -> str:
         """The stages' BLAS (the coordinator computes no layer and loads none)."""
@@ -231,7 +245,7 @@ class Pipeserve(Server):
         return "OpenBLAS" if all(uses_openblas(p) for p in stages) else "NOT OpenBLAS"
 
     def pin(self) -> None:
-        for name, pid in self.system.procs.items():
+        for name, pid in self.named().items():
             pin(pid, {self.cores[1]} if name == "stage-1" else {self.cores[0]})
 
     def stop(self) -> None:

@@ -25,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from e2e.bench.node_models import describe, family
 from e2e.bench.node_systems import MlxPipeline, OneNode, Pipeserve, Server
@@ -92,8 +92,9 @@ class Prompts:
 class NodeBench:
     """Run the emulated-node benchmark for one model at a time."""
 
-    def __init__(self, sizes: Sizes, workdir: Path, peers: bool = True, log: Callable[[str], None] = print) -> None:
-        self.sizes, self.workdir, self.peers, self.log = sizes, workdir, peers, log
+    def __init__(self, sizes: Sizes, workdir: Path, peers: bool = True, lan: Any = None,
+                 log: Callable[[str], None] = print) -> None:
+        self.sizes, self.workdir, self.peers, self.lan, self.log = sizes, workdir, peers, lan, log
         self.cores = node_cores(2)
 
     def start(self, model: str, model_dir: Path, run: ModelRun) -> list[Server]:
@@ -102,7 +103,8 @@ class NodeBench:
         work.mkdir(parents=True, exist_ok=True)
         makers: list[tuple[str, Callable[[], Server]]] = [
             ("node", lambda: OneNode(model_dir, model, self.cores[0], work)),
-            ("pipeserve", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve", run.splits)),
+            ("pipeserve", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve", run.splits,
+                                                 lan=self.lan)),
         ]
         if self.peers and family(model) == "qwen2":
             makers.append(("mlxpipe", lambda: MlxPipeline(model_dir, model, self.cores, work)))
@@ -145,20 +147,21 @@ class NodeBench:
             for s in systems:
                 run.labels[s.key], run.pinning[s.key], run.blas[s.key] = s.label, s.pinning(), s.blas()
                 s.active()  # warm up: first compilations, buffers, the batch paths
-                complete(s.port, s.model_name, prompts.make(32), 4)
-                concurrent(s.port, s.model_name, [prompts.make(16) for _ in range(4)], 4)
+                complete(s.port, s.model_name, prompts.make(32), 4, s.host)
+                concurrent(s.port, s.model_name, [prompts.make(16) for _ in range(4)], 4, s.host)
                 s.idle()
             metrics: list[tuple[str, list[str], Callable[[Server], float]]] = [
                 ("ttft", [s.key for s in systems],
-                 lambda s: complete(s.port, s.model_name, prompts.make(sz.ttft_tokens), 1).ttft),
+                 lambda s: complete(s.port, s.model_name, prompts.make(sz.ttft_tokens), 1, s.host).ttft),
                 ("decode1", [s.key for s in systems],
-                 lambda s: complete(s.port, s.model_name, prompts.make(24), sz.long_answer).decode_rate),
+                 lambda s: complete(s.port, s.model_name, prompts.make(24), sz.long_answer, s.host).decode_rate),
             ]
             for c in CONCURRENCY:
                 metrics.append((f"agg{c}", [s.key for s in systems], lambda s, c=c: throughput(concurrent(
-                    s.port, s.model_name, [prompts.make(sz.prompt_tokens) for _ in range(c)], sz.short_answer))))
+                    s.port, s.model_name, [prompts.make(sz.prompt_tokens) for _ in range(c)], sz.short_answer,
+                    s.host))))
                 metrics.append((f"long{c}", ["pipeserve"], lambda s, c=c: decode_aggregate(concurrent(
-                    s.port, s.model_name, [prompts.make(24) for _ in range(c)], sz.long_answer))))
+                    s.port, s.model_name, [prompts.make(24) for _ in range(c)], sz.long_answer, s.host))))
             for r in range(sz.rounds):
                 order = systems[r % len(systems):] + systems[: r % len(systems)]
                 order = order[::-1] if r % 2 else order

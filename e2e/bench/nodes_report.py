@@ -101,7 +101,7 @@ def figures_table(run: ModelRun) -> list[str]:
     cols = [("ttft", f"TTFT s ({sz.ttft_tokens} tok)", 2), ("decode1", "decode ×1 tok/s", 2)]
     cols += [(f"agg{c}", f"×{c} tok/s ({sz.prompt_tokens}-tok prompts, {sz.short_answer}-tok answers)", 2)
              for c in CONCURRENCY]
-    cols += [(f"long{c}", f"×{c} long answers ({sz.long_answer} tok), Σ decode tok/s", 2) for c in CONCURRENCY]
+    cols += [(f"long{c}", f"×{c} long answers ({sz.long_answer} tok), decode tok/s", 2) for c in CONCURRENCY]
     lines = ["| system | pinning (cores) | BLAS | " + " | ".join(c[1] for c in cols) + " |",
              "|---" * (3 + len(cols)) + "|"]
     for key, label in run.labels.items():

@@ -76,7 +76,7 @@ def complete(port: int, model: str, prompt: str, max_tokens: int, host: str = "1
                   int(usage.get("completion_tokens", events)), finish)
 
 
-def concurrent(port: int, model: str, prompts: list[str], max_tokens: int) -> list[Answer]:
+def concurrent(port: int, model: str, prompts: list[str], max_tokens: int, host: str = "127.0.0.1") -> list[Answer]:
     """len(prompts) completions started together, one thread each."""
     out: list[Answer | BaseException | None] = [None] * len(prompts)
     barrier = threading.Barrier(len(prompts))
@@ -84,7 +84,7 @@ def concurrent(port: int, model: str, prompts: list[str], max_tokens: int) -> li
     def one(i: int) -> None:
         try:
             barrier.wait()
-            out[i] = complete(port, model, prompts[i], max_tokens)
+            out[i] = complete(port, model, prompts[i], max_tokens, host)
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             out[i] = exc
 
@@ -105,5 +105,8 @@ def throughput(answers: list[Answer]) -> float:
 
 
 def decode_aggregate(answers: list[Answer]) -> float:
-    """The sum of the answers' decode rates (each after its first token)."""
-    return sum(a.decode_rate for a in answers)
+    """Decode tokens per second of concurrent answers: their tokens after each one's first, from the
+    first answer's first token to the last token (a sum of per-answer rates would count a burst of
+    events that arrive together as an infinite rate)."""
+    span = max(a.t_last for a in answers) - min(a.t_first for a in answers)
+    return sum(a.tokens - 1 for a in answers) / span if span > 0 else float("nan")
