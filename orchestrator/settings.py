@@ -57,6 +57,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A number >= 0 (0: off)."""
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a number >= 0")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A whole number > 0."""
     value = int(text)
@@ -107,6 +115,9 @@ STALL_TIMEOUT_S = Setting("PIPESERVE_STALL_TIMEOUT_S", positive_float, None,
                           "the cluster's, else 15")
 CANARY_INTERVAL_S = Setting("PIPESERVE_CANARY_INTERVAL_S", positive_float, 5.0,
                             "idle seconds before the coordinator sends a canary through the pipeline")
+RESUME_DEADLINE_S = Setting("PIPESERVE_RESUME_DEADLINE_S", non_negative_float, 60.0,
+                            "seconds an answer in flight waits, paused, for a lost stage's replacement before it "
+                            "fails (0: it fails at once)")
 PARENT_PID = Setting("PIPESERVE_PARENT_PID", positive_int, None,
                      "set by an agent for its engine processes: they stop when that process is gone", "none")
 FAULTS = Setting("PIPESERVE_FAULTS", text, "",
@@ -155,7 +166,8 @@ XDG_STATE_HOME = Setting("XDG_STATE_HOME", path, None, "base of an agent's defau
 XDG_CACHE_HOME = Setting("XDG_CACHE_HOME", path, None, "base of the default download cache", "~/.cache")
 
 ALL: tuple[Setting, ...] = (
-    CLUSTER_SECRET, BLAS, STAGE_THREADS, SOLO_THREADS, STALL_TIMEOUT_S, CANARY_INTERVAL_S, PARENT_PID, FAULTS,
+    CLUSTER_SECRET, BLAS, STAGE_THREADS, SOLO_THREADS, STALL_TIMEOUT_S, CANARY_INTERVAL_S, RESUME_DEADLINE_S,
+    PARENT_PID, FAULTS,
     HTTP_MAX_CONNECTIONS, HTTP_HEADER_TIMEOUT, HTTP_IDLE_TIMEOUT, HTTP_BODY_TIMEOUT, HTTP_WRITE_TIMEOUT,
     LOG_MAX_BYTES, LOG_FILE, FOLLOW_DEADLINE_S, CACHE, ROUTER_ADMIN_TOKEN, STEP_TRACE, TIMING_TRIES, CHROMIUM,
     FULL_MATRIX,

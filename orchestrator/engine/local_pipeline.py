@@ -101,6 +101,7 @@ class LocalPipeline:
     procs: dict[str, ChildProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._args: dict[str, list[str]] = {}  # each child's command line, for `respawn`
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.secret = secrets.token_hex(16)
         self._pick_ports()
@@ -154,8 +155,21 @@ class LocalPipeline:
         return self
 
     def _spawn(self, name: str, args: list[str]) -> None:
+        self._args[name] = args
         self.procs[name] = ChildProcess.spawn(name, [sys.executable, "-m", "orchestrator.cli", *args],
                                               self.workdir / f"{name}.log", env=self.child_env())
+
+    def respawn(self, name: str) -> None:
+        """Start a stage again on its address, as it was started (after a test killed it), and wait
+        until it listens; the coordinator's link reconnects by itself. Its earlier output is kept
+        beside the new log."""
+        old = self.procs[name]
+        old.stop(5.0)
+        log = self.workdir / f"{name}.log"
+        if log.exists():
+            log.rename(self.workdir / f"{name}.{old.pid}.log")
+        self._spawn(name, self._args[name])
+        self._wait_port(name, self.ports[int(name.rsplit("-", 1)[1]) + 1])
 
     def output(self, name: str, tail: int = 40) -> str:
         """The last lines a child printed."""

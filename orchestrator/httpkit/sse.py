@@ -40,6 +40,18 @@ class EventStream:
         self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.handler.wfile.flush()
 
+    def comment(self, text: str = "keep-alive") -> None:
+        """A comment line: nothing a client parses, bytes that keep it and any proxy from timing out
+        (an answer paused while a lost stage is replaced)."""
+        self.start()
+        data = b": " + text.encode() + b"\n\n"
+        self.handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.handler.wfile.flush()
+
+    def keepalive(self) -> None:
+        """While an answer is paused: a comment (the chat path's sinks all have this method)."""
+        self.comment()
+
     def end(self) -> None:
         """The terminating chunk."""
         self.start()

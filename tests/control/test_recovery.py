@@ -86,6 +86,8 @@ def stage_1_wedges(monkeypatch):
     monkeypatch.setenv("PIPESERVE_FAULTS", "stage-1:step-hang@25")
     monkeypatch.setenv("PIPESERVE_STALL_TIMEOUT_S", "2")
     monkeypatch.setenv("PIPESERVE_CANARY_INTERVAL_S", "600")
+    # its replacement wedges again (the same fault): the answer in flight fails instead of being held
+    monkeypatch.setenv("PIPESERVE_RESUME_DEADLINE_S", "0")
 
 
 def test_a_wedged_stage_is_replaced_with_its_post_mortem(stage_1_wedges, env: Env):

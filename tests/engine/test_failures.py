@@ -41,7 +41,9 @@ def slow_model(model_factory):
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_losing_a_stage_fails_in_flight_requests_quickly(slow_model, launch, how):
-    cluster = launch(slow_model, [(0, 1), (2, 3)], context_length=16384)
+    """With holding off (a resume deadline of 0), answers in flight fail at once when a stage is lost;
+    with it on they pause and resume once it is replaced (test_resume.py)."""
+    cluster = launch(slow_model, [(0, 1), (2, 3)], env={"PIPESERVE_RESUME_DEADLINE_S": "0"}, context_length=16384)
     url = cluster.base_url + "/v1/completions"
     body = {"model": slow_model.name, "prompt": "hello", "max_tokens": 16000, "temperature": 0}
     first, result, blocking = threading.Event(), {}, {}
@@ -177,14 +179,15 @@ def test_a_stage_that_loads_but_cannot_serve_is_never_ready(test_model_dir, laun
     from orchestrator.engine.local_pipeline import LaunchError
 
     with pytest.raises(LaunchError) as failure:
-        launch(test_model_dir, [(0, 1), (2, 3)], env={"PIPESERVE_FAULTS": "stage-1:step-error"}, startup_timeout=10)
+        launch(test_model_dir, [(0, 1), (2, 3)], env={"PIPESERVE_FAULTS": "stage-1:step-error"}, startup_timeout=60)
     message = str(failure.value)
     assert "'status': 'unhealthy'" in message and "probe generation failed" in message, message
     assert "stage-1" in message and "cannot compute" in message, message
 
 
 
-WEDGE_ENV = {"PIPESERVE_STALL_TIMEOUT_S": "2", "PIPESERVE_CANARY_INTERVAL_S": "1"}
+# a stage that wedges for good: nothing to resume on (answers held across a wedge: test_liveness.py)
+WEDGE_ENV = {"PIPESERVE_STALL_TIMEOUT_S": "2", "PIPESERVE_CANARY_INTERVAL_S": "1", "PIPESERVE_RESUME_DEADLINE_S": "0"}
 
 
 def _health(cluster) -> dict:

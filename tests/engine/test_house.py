@@ -51,7 +51,8 @@ def _imports(module: str, path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             names = [f"{base}.{a.name}" for a in node.names] + [base]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]

@@ -127,11 +127,20 @@ class MessageEvents:
         for name, data in events:
             self.stream.send(data, event=name)
 
+    def _start(self) -> None:
+        if not self.stream.started:
+            gen = self.request.context.get("generation")
+            self._write(self.translator.start(len(gen.prompt) if gen is not None else 0))
+
+    def keepalive(self) -> None:
+        """While the answer is paused (a lost stage being replaced): a comment, after the message's start."""
+        self._start()
+        self.stream.comment()
+
     def send(self, obj: Any) -> None:
         """One OpenAI chunk, error body or b"[DONE]" from the chat path."""
         gen = self.request.context.get("generation")
-        if not self.stream.started:
-            self._write(self.translator.start(len(gen.prompt) if gen is not None else 0))
+        self._start()
         if obj == b"[DONE]":
             if not self.failed:
                 self._write(self.translator.done(gen.stop_sequence if gen is not None else None))

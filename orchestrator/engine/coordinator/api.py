@@ -241,7 +241,7 @@ def _stream(c: Coordinator, request: Request, kind: str, gen: Generator, events:
                                     tool_calls=p.tool_calls, reasoning=p.reasoning))
 
     try:
-        gen.pieces(piece, gone=request.client_gone)
+        gen.pieces(piece, gone=request.client_gone, keepalive=events.keepalive)
     except OpenAIError as exc:
         if not events.started:
             raise

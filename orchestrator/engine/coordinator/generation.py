@@ -95,6 +95,14 @@ class Failed:
     status: int = 503
 
 
+@dataclass(frozen=True)
+class Paused:
+    """The pipeline lost a stage: the generation waits for it to be replaced, then goes on where the
+    client stopped receiving (the events after this one continue the answer)."""
+
+    reason: str
+
+
 class NotReady(RuntimeError):
     """The pipeline cannot take requests now."""
 

@@ -13,12 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from orchestrator.engine.coordinator.generation import Failed, Finished, GenerationParams, NotReady, TokenEvent
+from orchestrator.engine.coordinator.generation import Failed, Finished, GenerationParams, NotReady, Paused, TokenEvent
 from orchestrator.engine.coordinator.textstream import TextStream, initial_state
 from orchestrator.httpkit import OpenAIError
 
 EVENT_TIMEOUT = 600.0  # the scheduler always answers; this only guards against a bug hanging a client
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks whether its client is still there
+KEEPALIVE_S = 5.0  # while paused (a lost stage being replaced), a stream says so this often: no client times out
 
 
 @dataclass
@@ -73,9 +74,11 @@ class Generator:
         self.finish: str | None = None
         self.stop_sequence: str | None = None  # the stop string that ended the text (Anthropic reports it)
 
-    def pieces(self, on_piece: Callable[[Piece], None], gone: Callable[[], bool] | None = None) -> None:
+    def pieces(self, on_piece: Callable[[Piece], None], gone: Callable[[], bool] | None = None,
+               keepalive: Callable[[], None] | None = None) -> None:
         """Run the generation, calling on_piece(piece) as the answer grows; raises OpenAIError on
-        failure, ConnectionResetError (the generation cancelled) once `gone()` says the client left."""
+        failure, ConnectionResetError (the generation cancelled) once `gone()` says the client left.
+        While the pipeline replaces a lost stage the answer pauses: `keepalive()` every KEEPALIVE_S."""
         try:
             gen = self.c.pipeline.submit(self.prompt, self.params, self.c.cache_marks(self.req, self.prompt),
                                          self.scope)
@@ -83,16 +86,18 @@ class Generator:
             raise OpenAIError(503, str(exc), "service_unavailable") from None
         self.c.metrics.add_prompt_tokens(len(self.prompt))
         try:
-            self._consume(gen, on_piece, gone)
+            self._consume(gen, on_piece, gone, keepalive)
             self.cached_tokens = gen.cached_tokens
         finally:
             if self.finish is None or self.stream.stopped:
                 gen.cancel()
 
-    def _consume(self, gen: Any, on_piece: Callable[[Piece], None], gone: Callable[[], bool] | None) -> None:
+    def _consume(self, gen: Any, on_piece: Callable[[Piece], None], gone: Callable[[], bool] | None,
+                 keepalive: Callable[[], None] | None = None) -> None:
         logprobs = self.params.top_logprobs or wants_logprobs(self.req)
         deadline = time.monotonic() + EVENT_TIMEOUT
         next_check = time.monotonic() + DISCONNECT_POLL_S
+        paused_until_token, next_keepalive = False, 0.0
         pending_lp: list = []
         while True:
             try:
@@ -108,7 +113,15 @@ class Generator:
             if event is None:
                 if now > deadline:
                     raise OpenAIError(504, "the pipeline did not answer in time", "timeout")
+                if paused_until_token and keepalive is not None and now >= next_keepalive:
+                    next_keepalive = now + KEEPALIVE_S
+                    keepalive()
                 continue
+            if isinstance(event, Paused):  # the scheduler holds it (its own deadline bounds the wait)
+                paused_until_token, next_keepalive = True, now
+                deadline = now + EVENT_TIMEOUT
+                continue
+            paused_until_token = False
             if isinstance(event, Failed):
                 raise OpenAIError(event.status, event.message, "server_error" if event.status >= 500 else None)
             if isinstance(event, TokenEvent):

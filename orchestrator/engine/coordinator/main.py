@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # they run while mlx-lm's tokenizer stack imports (~1 s: transformers) instead of after it:
     # a replaced coordinator is ready that much sooner. Nothing public reaches the pipeline
     # before the HTTP server below exists, and it has its end-of-sequence ids by then.
-    pipeline = Pipeline(config, secret, set(), context, log, metrics)
+    pipeline = Pipeline(config, secret, set(), context, log, metrics, Faults.for_node(args.node_id))
     pipeline.start()
     log.info("pipeline.started", stages=len(config.stages))
     from mlx_lm.tokenizer_utils import load as load_tokenizer

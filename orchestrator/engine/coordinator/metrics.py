@@ -30,6 +30,7 @@ class Metrics:
         self._cache: dict = {}
         self._stage_cache: dict[str, dict] = {}
         self._spec = [0, 0, 0]  # verification passes, drafted tokens, accepted drafts
+        self._resumes = [0, 0]  # requests resumed after a lost stage, requests that could not be
 
     def count_request(self, endpoint: str, status: int) -> None:
         """One finished HTTP request."""
@@ -51,6 +52,11 @@ class Metrics:
         """Requests currently generating."""
         with self._lock:
             self._in_flight = n
+
+    def resumed(self, ok: bool) -> None:
+        """A request held while a stage was replaced went on (`ok`) or failed."""
+        with self._lock:
+            self._resumes[0 if ok else 1] += 1
 
     def observe_ttft(self, seconds: float) -> None:
         """Time from submission to the first token."""
@@ -100,6 +106,12 @@ class Metrics:
                 *one("pipeserve_prompt_tokens_total", "counter", "Prompt tokens processed.", self._prompt_tokens),
                 *one("pipeserve_generated_tokens_total", "counter", "Tokens generated.", self._tokens),
                 *one("pipeserve_requests_in_flight", "gauge", "Requests generating now.", self._in_flight),
+                *one("pipeserve_requests_resumed_total", "counter",
+                     "Requests in flight when a stage was lost that went on exactly once it was replaced.",
+                     self._resumes[0]),
+                *one("pipeserve_requests_resume_failed_total", "counter",
+                     "Requests in flight when a stage was lost that could not go on (deadline, or inexact).",
+                     self._resumes[1]),
                 *family(ttft, "histogram", "Time from request to first token.", []),
                 *(sample(ttft + "_bucket", n, labels) for labels, n in [*buckets, ({"le": "+Inf"}, total)]),
                 sample(ttft + "_sum", f"{self._ttft_sum:.6f}"),

@@ -20,7 +20,9 @@ import math
 import os
 import queue
 import threading
+from dataclasses import replace
 
+from orchestrator import settings
 from orchestrator.engine.config import ClusterConfig
 from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 from orchestrator.engine.coordinator.generation import (
@@ -30,6 +32,7 @@ from orchestrator.engine.coordinator.generation import (
     GenerationParams,
     Health,
     NotReady,
+    Paused,
     TokenEvent,
 )
 from orchestrator.engine.coordinator.links import StageLink, now
@@ -44,9 +47,10 @@ from orchestrator.engine.coordinator.liveness import (
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.coordinator.prompt_caching import PromptCache
-from orchestrator.engine.coordinator.requests import Active, Book
+from orchestrator.engine.coordinator.requests import Active, Book, Held
 from orchestrator.engine.coordinator.speculation import Speculation
 from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
+from orchestrator.engine.stage.faults import Faults
 from orchestrator.engine.stage.sampling import decode_result
 from orchestrator.engine.stage_address import route_frame
 from orchestrator.engine.steptrace import StepTrace
@@ -59,7 +63,7 @@ class Pipeline:
     """Coordinator-side engine over the configured stages."""
 
     def __init__(self, config: ClusterConfig, secret: bytes, eos_ids: set[int], context_length: int,
-                 log: EventLogger, metrics: Metrics | None = None) -> None:
+                 log: EventLogger, metrics: Metrics | None = None, faults: Faults | None = None) -> None:
         self.config = config
         self.eos_ids = set(eos_ids)
         self._thread: threading.Thread | None = None
@@ -70,6 +74,9 @@ class Pipeline:
         self.max_batch = config.cluster.max_batch
         self.max_requests = config.cluster.max_requests
         self.speculative_tokens = config.cluster.speculative_tokens
+        # how long an answer in flight waits, paused, for a lost stage's replacement (0: it fails at once)
+        self.resume_deadline = settings.RESUME_DEADLINE_S.read()
+        self.faults = faults or Faults()  # test-only: a resume that is not exact (resume-repeat/-drop/-reseed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # C put/get: a cheaper hand-off per token
         self.links = [
             StageLink(i, s.id, s.host_port, secret, config.cluster.max_frame_bytes, self._inbox, log)
@@ -189,10 +196,68 @@ class Pipeline:
         for a in self.requests.clear():
             self._emit(a.gen, Failed(message))
         self.speculation.clear()
-        self.metrics.set_in_flight(0)
+        self.metrics.set_in_flight(self.requests.public_count())
+
+    # --- holding and resuming across a lost stage ---------------------------------------------
+    def _hold_all(self, message: str) -> None:
+        """A stage is lost or wedged: every answer in flight waits, paused, for the pipeline to be ready
+        again (`_resume_held`), at most `resume_deadline` s; the probe, the canary and requests whose
+        client left fail as before."""
+        t = now()
+        for a in self.requests.clear():
+            if a.internal or a.cancelled or not self.resume_deadline:
+                self._emit(a.gen, Failed(message))
+                continue
+            has = [x for x in (a.tokens or []) + a.replay if x is not None]  # what its client has
+            self.requests.held.append(Held(a.gen, has, t, message))
+            self._emit(a.gen, Paused(message))
+            self.log.info("request.held", request=a.rid, tokens=len(has), reason=message)
+        self.speculation.clear()
+        self.metrics.set_in_flight(self.requests.public_count())
+
+    def _resume_held(self) -> None:
+        """The pipeline is ready again: each held request starts over and first generates again what
+        its client has — compared token by token, never sent twice — then goes on."""
+        held, self.requests.held = self.requests.held, []
+        for h in held:
+            self.log.info("request.resuming", tokens=len(h.tokens), held_s=round(now() - h.since, 3))
+            replay: list[int | None] = list(h.tokens)
+            if "resume-drop" in self.faults.kinds:
+                replay.append(None)  # test-only: one token generated and never sent
+            self._admit(h.gen, internal=False, replay=replay)
+
+    def _fail_held(self, message: str, older_than: float | None = None) -> None:
+        """Held requests fail: all of them, or those held longer than `older_than` s."""
+        t = now()
+        for h in [h for h in self.requests.held if older_than is None or t - h.since > older_than]:
+            self.requests.held.remove(h)
+            waited = f"; not resumed within {older_than:.0f} s" if older_than is not None else ""
+            self._emit(h.gen, Failed(f"{h.reason}{waited}" if waited else message))
+            self.metrics.resumed(False)
+        self.metrics.set_in_flight(self.requests.public_count())
+
+    def _replayed(self, a: Active, token: int, last: bool) -> None:
+        """A resumed request's token that its client already has: it must be the one sent before."""
+        expected = a.replay.pop(0)
+        if expected is not None and token != expected:
+            self.metrics.resumed(False)
+            self._finish(a, Failed(f"resuming after a lost stage, the pipeline generated token {token} where the "
+                                   f"answer has {expected}: it cannot go on exactly", 500))
+            return
+        a.generated += 1
+        a.tokens.append(token)
+        a.next_token = token
+        if not a.replay:
+            self.metrics.resumed(True)
+            self.log.info("request.resumed", request=a.rid, tokens=a.generated)
+            if "resume-repeat" in self.faults.kinds:
+                self._emit(a.gen, TokenEvent(token, 0.0))  # test-only: a token sent twice
+        if last:
+            self.requests.ready.append(a.rid)
 
     def _shutdown(self) -> None:
         self._fail_all("coordinator shutting down")
+        self._fail_held("coordinator shutting down")
         for link in self.links:
             link.stop()
             if link.conn is not None:
@@ -212,18 +277,26 @@ class Pipeline:
             return False
 
     # --- requests in ------------------------------------------------------------------------
-    def _admit(self, gen: Generation, internal: bool, canary: bool = False) -> None:
+    def _admit(self, gen: Generation, internal: bool, canary: bool = False,
+               replay: list[int | None] | None = None) -> None:
+        """Start a request: its OPEN and prefill chunks go to stage 0, then its first decode step.
+        `replay`: a resumed request, with the tokens its client has (generated again first, not sent)."""
         if not internal and self._state != "ready":
             self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
             return
         # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
-        # a canary in flight must not turn the one allowed request away
-        if not internal and self.requests.public_count() >= self.max_requests:
+        # a canary in flight must not turn the one allowed request away; a resumed one was counted
+        if not internal and replay is None and self.requests.public_count() >= self.max_requests:
             self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
             return
         prompt = gen.prompt
-        reuse = None if internal else self.cache.plan(prompt, gen.scope)
-        a = self._open(gen, internal, canary, reuse)
+        # A resumed request starts cold: the index was emptied with the lost stage.
+        reuse = None if internal or replay is not None else self.cache.plan(prompt, gen.scope)
+        a = self._open(gen, internal, canary, reuse, resumed=replay is not None)
+        if replay is not None:
+            a.replay = list(replay)
+            if not a.replay:  # lost in its prefill: nothing to generate again
+                self.metrics.resumed(True)
         rid, first = a.rid, [a.opened]
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
         # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
@@ -242,17 +315,23 @@ class Pipeline:
         self._launch([a], first)
         self.metrics.set_in_flight(self.requests.public_count())
 
-    def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None) -> Active:
+    def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None,
+              resumed: bool = False) -> Active:
         """Track a new request; its OPEN frame (sampling parameters, the prompt-cache entry it
-        starts from) is `opened`."""
+        starts from) is `opened`. A sampling request gets its seed here, not on the last stage: a
+        resumed request must draw again exactly what it drew."""
         a = self.requests.open(gen, internal, canary, reuse)
+        a.resumed = resumed
+        reseed = resumed and "resume-reseed" in self.faults.kinds  # test-only: the sampler started over
+        if gen.params.temperature > 0 and (gen.params.seed is None or reseed):
+            gen.params = replace(gen.params, seed=int.from_bytes(os.urandom(4), "little"))
         params = gen.params.sampling_json(gen.prompt)
         gen.cached_tokens = reuse.keep if reuse is not None else 0
         if reuse is not None:
             params["cache"] = {"from": reuse.entry, "keep": reuse.keep}
             self.cache.used(reuse)
         a.opened = json_frame(Kind.OPEN, params, request_id=a.rid)
-        if not internal and self.speculative_tokens and gen.params.grammar is None:
+        if not internal and not resumed and self.speculative_tokens and gen.params.grammar is None:
             a.lookup, a.length = Lookup(tokens=list(gen.prompt)), DraftLength(self.speculative_tokens)
         return a
 
@@ -294,7 +373,9 @@ class Pipeline:
 
     def _cancel(self, gen: Generation) -> None:
         a = self.requests.get(getattr(gen, "rid", None))
-        if a is None:
+        if a is None or a.gen is not gen:
+            if self.requests.release(gen):  # held, and its client left: its slot is free at once
+                self.metrics.set_in_flight(self.requests.public_count())
             return
         if a.rid in self.requests.ready:
             self.requests.ready.remove(a.rid)
@@ -342,6 +423,9 @@ class Pipeline:
         if a.cancelled:
             self._finish(a, None)
             return
+        if a.replay:
+            self._replayed(a, token, last)
+            return
         a.generated += 1
         if a.tokens is not None:
             a.tokens.append(token)
@@ -352,7 +436,7 @@ class Pipeline:
             if wrong:
                 self._finish(a, Failed(wrong))
                 return
-        if a.generated == 1 and not a.internal:
+        if a.generated == 1 and not a.internal and not a.resumed:
             self.metrics.observe_ttft(now() - a.gen.submitted)
         self._emit(a.gen, TokenEvent(token, logprob, tuple(top)))
         if not a.internal:
@@ -363,6 +447,7 @@ class Pipeline:
                 self.probe.passed()
                 self._set_state("ready", "all stages served the probe: prefill, sampling and batched decode")
                 self.prompt_cache.list_disk()
+                self._resume_held()
         elif token in self.eos_ids and not a.internal:
             self._finish(a, Finished("stop"))
         elif not a.internal and (a.generated >= a.gen.params.max_tokens or a.position >= self.context_length):
@@ -435,6 +520,8 @@ class Pipeline:
         if v.canary:
             self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
                         internal=True, canary=True)
+        if book.held and self.resume_deadline:
+            self._fail_held("", older_than=self.resume_deadline)
         probe = book.probe()
         if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
             self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
@@ -449,8 +536,8 @@ class Pipeline:
         self.liveness.watchdog.canary_returned()
         message = f"pipeline stage {self.links[index].label} wedged: {why}"
         self.log.warning("stage.wedged", stage=self.links[index].node_id, reason=why,
-                         progress=self.liveness.stats.get(index), failed_requests=len(self.requests.active))
-        self._fail_all(message)
+                         progress=self.liveness.stats.get(index), held_requests=len(self.requests.active))
+        self._hold_all(message)
         self._set_state("unhealthy", message)
 
     def _unwedge(self, index: int) -> None:
@@ -509,6 +596,6 @@ class Pipeline:
         self.liveness.gone(index)
         message = f"pipeline stage {link.label} lost: {reason}"
         self.prompt_cache.forget(message)
-        self.log.warning("link.down", stage=link.node_id, reason=reason, failed_requests=len(self.requests.active))
-        self._fail_all(message)
+        self.log.warning("link.down", stage=link.node_id, reason=reason, held_requests=len(self.requests.active))
+        self._hold_all(message)
         self._set_state("unhealthy" if self._state in ("ready", "warming", "unhealthy") else "starting", message)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestrator.engine.coordinator.drafting import DraftLength, Lookup
 from orchestrator.engine.coordinator.generation import Generation
@@ -34,6 +34,18 @@ class Active:
     reuse: Reuse | None = None  # the prompt-cache entry it started from
     lookup: Lookup | None = None  # its prompt and output, indexed for drafting (None: it never speculates)
     length: DraftLength | None = None  # how many tokens it drafts next
+    replay: list[int] = field(default_factory=list)  # resumed: tokens the client has, to generate again first
+    resumed: bool = False
+
+
+@dataclass
+class Held:
+    """A request whose stage was lost: held until the pipeline is ready again, then resumed."""
+
+    gen: Generation
+    tokens: list[int]  # what the client has received
+    since: float
+    reason: str
 
 
 class Book:
@@ -47,6 +59,7 @@ class Book:
         self._group_of: dict[int, int] = {}
         self.groups: dict[int, int] = {}  # group id -> members whose step is still out
         self._group_ids = itertools.count(1)
+        self.held: list[Held] = []  # requests waiting, paused, for a lost stage's replacement
 
     def open(self, gen: Generation, internal: bool, canary: bool, reuse: Reuse | None) -> Active:
         """Track a new request under a fresh id."""
@@ -64,8 +77,14 @@ class Book:
         self.active.pop(rid, None)
 
     def public_count(self) -> int:
-        """Requests in flight that count against max_requests (not the probe or a canary)."""
-        return sum(1 for a in self.active.values() if not a.internal)
+        """Requests in flight that count against max_requests (not the probe or a canary; held ones do)."""
+        return sum(1 for a in self.active.values() if not a.internal) + len(self.held)
+
+    def release(self, gen: Generation) -> bool:
+        """Stop holding this request (its client left); whether it was held."""
+        kept = [h for h in self.held if h.gen is not gen]
+        found, self.held = len(kept) != len(self.held), kept
+        return found
 
     def probe(self) -> Active | None:
         """The readiness probe's request in flight, if any."""
@@ -100,4 +119,4 @@ class Book:
         return gone
 
 
-__all__ = ["Active", "Book"]
+__all__ = ["Active", "Book", "Held"]

@@ -171,6 +171,12 @@ class ResponseEvents:
         for event in events:
             self.stream.send(event, event=event["type"])
 
+    def keepalive(self) -> None:
+        """While the answer is paused (a lost stage being replaced): a comment, after the response's start."""
+        if not self.stream.started:
+            self._write(self.translator.start())
+        self.stream.comment()
+
     def send(self, obj: Any) -> None:
         """One OpenAI chunk, error body or b"[DONE]" from the chat path."""
         if not self.stream.started:

@@ -11,7 +11,9 @@ must fail the exactness comparison), `cache-forget` acknowledges entries it does
 `spec-skip-trim` rolls a request back after a verification chunk without trimming its caches,
 `layer-pause` pauses after each layer of a long step (a slow prefill a RESET must be able to stop).
 `coordinator:start-hold` keeps a coordinator between binding its port and starting its pipeline
-for START_HOLD_S (what a client sees of a coordinator still starting). Several
+for START_HOLD_S (what a client sees of a coordinator still starting); `coordinator:resume-repeat`,
+`resume-drop` and `resume-reseed` make its resumes inexact (a token sent twice, one never sent, the
+sampler started over: tests that must fail the comparison with an undisturbed answer). Several
 entries are separated by commas. Tests set the variable in the environment
 of the agent that starts the stage.
 """
@@ -25,7 +27,7 @@ from orchestrator import settings
 
 ENV = settings.FAULTS.name
 KINDS = ("step-error", "step-hang", "step-stall", "cache-stale", "cache-skip-trim", "cache-forget", "spec-skip-trim",
-         "start-hold", "layer-pause")
+         "start-hold", "layer-pause", "resume-repeat", "resume-drop", "resume-reseed")
 STEP_STALL_S = 12.0  # `step-stall`: how long the compute thread is held, once
 START_HOLD_S = 30.0  # `coordinator:start-hold`: bound and serving, it waits this long before starting its pipeline
 
