@@ -208,6 +208,9 @@ def print_report(args, load: tuple[float, float], cold: float, target: float, ru
     """Print the Markdown report; returns the invariant violations."""
     t = clients.tally
     violations = list(monitor.violations) + t.mismatches + left
+    if args.streams_must_survive:  # answers in flight pause and resume (docs/recovery.md): none may break
+        violations += [f"{n} answer(s) broken: {kind}" for kind, n in sorted(t.errors.items())
+                       if kind in ("stream error", "connection")]
     violations += [f"fault {i + 1} ({f.kind} {f.target}): {f.outcome}" for i, f in enumerate(run.faults)
                    if f.outcome in ("NOT RECOVERED", "NOT CLEANLY STOPPED")]
     late = [f"fault {i + 1} ({f.kind} {f.target}): healthy again after {f.seconds:.1f} s > target "
@@ -252,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds a process stays stopped / an agent or the control plane stays away")
     parser.add_argument("--cases", type=int, default=6, help="how many of the prompt cases to use (smoke: fewer)")
     parser.add_argument("--stall-bound", type=float, default=20.0)
+    parser.add_argument("--streams-must-survive", action="store_true",
+                        help="an answer broken by a fault (an error event in its stream, a dropped connection) is a "
+                             "violation: with stage faults only, every answer in flight pauses and resumes")
     parser.add_argument("--min-target", type=float, default=5.0)
     parser.add_argument("--time-targets", choices=("enforce", "report"), default="enforce",
                         help="count a recovery slower than its target as a violation, or only report it "

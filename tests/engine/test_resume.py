@@ -76,17 +76,27 @@ def answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
     return out
 
 
-def killer(cluster: LocalPipeline, stage: str, at: int):
-    """`on_chunk` that kills `stage` once `at` chunks arrived and starts it again on its address."""
-    fired = threading.Event()
+class Killer:
+    """`on_chunk` that kills `stage` once `at` chunks arrived and starts it again on its address;
+    `resumed()` waits for that and says how many answers the coordinator resumed."""
 
-    def on_chunk(n: int) -> None:
-        if n >= at and not fired.is_set():
-            fired.set()
-            cluster.kill(stage, signal.SIGKILL)
-            threading.Thread(target=cluster.respawn, args=(stage,), daemon=True).start()
+    def __init__(self, cluster: LocalPipeline, stage: str, at: int) -> None:
+        self.cluster, self.stage, self.at = cluster, stage, at
+        self.fired = threading.Event()
+        self._respawn = threading.Thread(target=cluster.respawn, args=(stage,), daemon=True)
 
-    return on_chunk, fired
+    def __call__(self, n: int) -> None:
+        if n >= self.at and not self.fired.is_set():
+            self.fired.set()
+            self.cluster.kill(self.stage, signal.SIGKILL)
+            self._respawn.start()
+
+    def resumed(self) -> int:
+        assert self.fired.is_set(), "the stage was never killed"
+        self._respawn.join(120)
+        metrics = requests.get(self.cluster.base_url + "/metrics", timeout=5).text
+        return int(float(next(line.split()[1] for line in metrics.splitlines()
+                              if line.startswith("pipeserve_requests_resumed_total "))))
 
 
 def ready(cluster: LocalPipeline) -> None:
@@ -103,12 +113,9 @@ def test_an_answer_resumes_exactly_after_a_stage_is_killed(slow_model, launch, s
     cluster = launch(slow_model, [(0, 1), (2, 3)])
     request = body(slow_model.name, stream, seeded)
     undisturbed = answer(cluster, request)
-    on_chunk, fired = killer(cluster, stage, at)
-    resumed = answer(cluster, request, on_chunk)
-    assert fired.is_set()
-    assert resumed == undisturbed
-    metrics = requests.get(cluster.base_url + "/metrics", timeout=5).text
-    assert "pipeserve_requests_resumed_total 1" in metrics, metrics
+    kill = Killer(cluster, stage, at)
+    assert answer(cluster, request, kill) == undisturbed
+    assert kill.resumed() == 1
 
 
 def test_an_answer_killed_in_its_prefill_resumes_exactly(slow_model, launch):
@@ -125,6 +132,8 @@ def test_an_answer_killed_in_its_prefill_resumes_exactly(slow_model, launch):
     threading.Timer(0.05, kill_soon).start()
     assert answer(cluster, request) == undisturbed
     assert fired.is_set()
+    metrics = requests.get(cluster.base_url + "/metrics", timeout=5).text
+    assert "pipeserve_requests_resumed_total 1" in metrics, metrics
 
 
 @pytest.mark.parametrize("fault", ["resume-repeat", "resume-drop", "resume-reseed"])
@@ -133,18 +142,35 @@ def test_the_comparison_bites(slow_model, launch, fault):
     cluster = launch(slow_model, [(0, 1), (2, 3)], env={"PIPESERVE_FAULTS": f"coordinator:{fault}"})
     request = body(slow_model.name, True, True)
     undisturbed = answer(cluster, request)
-    on_chunk, _ = killer(cluster, "stage-1", 10)
+    kill = Killer(cluster, "stage-1", 10)
     try:
-        resumed = answer(cluster, request, on_chunk)
+        resumed = answer(cluster, request, kill)
     except AssertionError:  # an error event instead of the rest: the resume refused to go on inexactly
+        kill.resumed()
         return
+    kill.resumed()
     assert resumed != undisturbed
 
 
 def test_with_no_resume_deadline_the_answer_fails_as_before(slow_model, launch):
     cluster = launch(slow_model, [(0, 1), (2, 3)], env={"PIPESERVE_RESUME_DEADLINE_S": "0"})
     request = body(slow_model.name, True, False)
-    on_chunk, _ = killer(cluster, "stage-1", 5)
+    kill = Killer(cluster, "stage-1", 5)
     with pytest.raises(AssertionError, match="error"):
-        answer(cluster, request, on_chunk)
+        answer(cluster, request, kill)
+    assert kill.resumed() == 0
     ready(cluster)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "falcon_h1", "qwen3_moe"])
+def test_every_kind_of_cache_resumes_exactly(family_model, launch, family):
+    """A sliding-window family (past its window), a hybrid of attention and SSM states, an MoE family:
+    what the stages rebuild on a resume is their own caches' state, whatever it is."""
+    model = family_model(family)
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    cluster = launch(model, [(0, layers // 2 - 1), (layers // 2, layers - 1)])
+    request = {**body(model.name, True, False, prompt=PROMPT[:12]), "max_tokens": 300}
+    undisturbed = answer(cluster, request)
+    kill = Killer(cluster, "stage-1", 2)
+    assert answer(cluster, request, kill) == undisturbed
+    assert kill.resumed() == 1  # it was killed before the answer was done
