@@ -101,7 +101,8 @@ def test_pressing_launch_anyway_is_refused_in_words_and_the_running_plan_stays(r
 def test_prepare_starts_at_zero_percent_while_checking_not_at_100():
     prep = Preparation(model_id="smol", nodes=(NodePreparation(node_id="n0"), NodePreparation(node_id="n1")))
     rows = prepare_view(rich_state().model_copy(update={"preparation": prep}), CTX)["prep"]["rows"]
-    assert [(r["label"], r["percent"], r["bytes"]) for r in rows] == [("Checking", 0, "size not known yet")] * 2
+    # no size while checking: the row's detail says what is checked (issue 38 item 5, test_seed_words)
+    assert [(r["label"], r["percent"], r["bytes"]) for r in rows] == [("Checking", 0, "")] * 2
 
 
 def test_prepare_card_renders_the_first_moment(rich: Web):
@@ -109,6 +110,6 @@ def test_prepare_card_renders_the_first_moment(rich: Web):
     rich.orch._state = rich.orch.state.model_copy(update={"preparation": prep})
     page = parse(rich.client("viewer").get("/models?tab=distributed").get_data(as_text=True))
     row = page.by_id("prepare-status").find("tr", data_node="node-a")
-    assert "Checking" in row.text and "0% · size not known yet" in row.text and "100%" not in row.text
+    assert "Checking" in row.text and "checking…" in row.text and "100%" not in row.text
     (bar,) = row.by_role("progressbar")
     assert bar.attrs["aria-valuenow"] == "0"
