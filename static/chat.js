@@ -16,22 +16,76 @@
   let history = [];
   let running = null;  // the AbortController of the reply streaming now
   let chosen = "";  // the model the user chats with: kept when it is gone, to say so
+  let waiting = null;  // the progress line of the reply streaming now
 
+  // What the router serves, and the models whose cluster is recovering (not listed by the router
+  // meanwhile, back in seconds: kept in the picker, marked, never "no model is being served").
   async function loadModels() {
-    let models = [];
+    let models = [], recovering = [], faulted = {};
     try {
       const r = await fetch(select.dataset.modelsUrl);
-      models = (await r.json()).models || [];
+      const body = await r.json();
+      models = body.models || [];
+      recovering = body.recovering || [];  // the router may still list one for a moment
+      faulted = body.faulted || {};
     } catch (err) { /* shown as "no model" below */ }
-    select.innerHTML = models.length ? "" : '<option value="">no model is being served</option>';
+    const unlisted = recovering.filter((id) => !models.includes(id));
+    const offered = models.length + unlisted.length;
+    select.innerHTML = offered ? "" : '<option value="">no model is being served</option>';
     for (const id of models) select.add(new Option(id, id, false, id === chosen));
-    noModel.hidden = models.length > 0;
+    for (const id of unlisted) select.add(new Option(`${id} (recovering)`, id, false, id === chosen));
+    noModel.hidden = offered > 0;
     // the model chatted with stopped being served: say so instead of a raw router error on Send
     const lost = chosen && !models.includes(chosen);
     gone.hidden = !lost;
-    if (lost) gone.textContent = `${chosen} is no longer served (stopped or gone)` +
-      (models.length ? ": choose another model." : ".");
+    if (lost) gone.textContent = recovering.includes(chosen)
+      ? `The cluster serving ${chosen} is recovering: it serves again in seconds.`
+      : `${chosen} is no longer served (stopped or gone)` + (models.length ? ": choose another model." : ".");
     else chosen = select.value;
+    // a reply streaming while its cluster recovers is paused (the coordinator resumes it): say so
+    // until its next token
+    if (waiting && recovering.includes(chosen)) {
+      waiting.textContent = "The cluster is recovering: this reply waits and resumes by itself…";
+      waiting.dataset.paused = "1";
+    }
+    return { models, recovering, faulted };
+  }
+
+  // A reply that failed: why in words, and Retry (the same turn again). A cluster that lost a
+  // process mid-reply recovers in seconds (sometimes in under one, before the page looks): a fault
+  // of the model's cluster since the reply started explains it as well as "recovering" does.
+  async function explainFailure(reply, out, text, message, startedAt) {
+    out.textContent = "The reply was cut off.";
+    for (let look = 0; look < 8; look++) {
+      const { models, recovering, faulted } = await loadModels();
+      if (recovering.includes(chosen)) {
+        out.textContent = `The cluster is recovering (a process serving ${chosen} failed during this reply); ` +
+          "it serves again in seconds: Retry.";
+        break;
+      }
+      if ((faulted[chosen] || 0) >= startedAt - 1) {
+        out.textContent = `The cluster is recovering — it lost a process serving ${chosen} during this reply and ` +
+          "serves again" + (models.includes(chosen) ? " now" : " in seconds") + ": Retry.";
+        break;
+      }
+      if (look === 7) {
+        out.textContent = `The reply failed: ${message}`;
+        break;
+      }
+      await new Promise((done) => setTimeout(done, 500));
+    }
+    const retry = document.createElement("button");
+    retry.type = "button";
+    retry.className = "retry";
+    retry.textContent = "Retry";
+    retry.addEventListener("click", () => {
+      if (running) return;
+      reply.previousElementSibling?.remove();  // the failed turn's own bubble: it is asked again
+      reply.remove();
+      box.value = text;
+      form.requestSubmit();
+    });
+    reply.querySelector(".stats").replaceChildren(retry);
   }
 
   function bubble(role, text) {
@@ -101,8 +155,10 @@
     const stats = reply.querySelector(".stats");  // only the final measurement goes here
     const progress = reply.querySelector(".progress");
     progress.textContent = "waiting for the first token…";
+    waiting = progress;
     const started = performance.now();
-    let first = null, tokens = 0, answer = "", calls = [];
+    const startedAt = Date.now() / 1000;  // wall clock, as the dashboard's fault times
+    let first = null, tokens = 0, answer = "", calls = [], failed = null;
     try {
       const r = await fetch(form.dataset.sendUrl, {
         method: "POST", signal: running.signal,
@@ -116,7 +172,7 @@
       }
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
-      let buffer = "";
+      let buffer = "", complete = false;
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
@@ -127,7 +183,7 @@
           buffer = buffer.slice(cut + 2);
           if (!line.startsWith("data: ")) continue;
           const data = line.slice(6);
-          if (data === "[DONE]") continue;
+          if (data === "[DONE]") { complete = true; continue; }
           const event = JSON.parse(data);
           if (event.error) throw new Error(event.error.message);
           const choice = event.choices?.[0] || {};
@@ -138,6 +194,13 @@
             if (first === null) first = performance.now();
             tokens += 1;
           }
+          if ((piece || pieces) && progress.dataset.paused) {  // resumed after a recovery: say it paused
+            delete progress.dataset.paused;
+            const note = document.createElement("div");
+            note.className = "small muted pause-note";
+            note.textContent = "The cluster recovered from a failure during this reply; the reply waited and resumed.";
+            reply.insertBefore(note, stats);
+          }
           if (piece) {
             answer += piece;
             out.textContent = answer;
@@ -146,6 +209,8 @@
           log.scrollTop = log.scrollHeight;
         }
       }
+      // a stream cut off without its end (the router or the coordinator went away) is no answer
+      if (!complete) throw new Error("the stream ended before the reply was complete");
       finish(reply, stats, started, first, tokens, answer, calls, "");
     } catch (err) {
       if (err.name === "AbortError") {  // Stop: the partial answer stays, and is said to be partial
@@ -154,9 +219,10 @@
       } else {
         history.pop();  // the turn failed: do not send it again as context
         reply.classList.add("error");
-        out.textContent = "Error: " + err.message;
+        failed = err.message;
       }
     } finally {
+      waiting = null;
       progress.remove();
       reply.classList.remove("streaming");
       send.disabled = false;
@@ -164,6 +230,7 @@
       running = null;
       box.focus();
     }
+    if (failed !== null) await explainFailure(reply, out, text, failed, startedAt);
   });
 
   function finish(reply, stats, started, first, tokens, answer, calls, prefix) {

@@ -52,13 +52,21 @@ def _number(body: dict, name: str, default: float, low: float, high: float, whol
 @bp.get("/chat/models")
 @login_required
 def models():
-    """The router's models (what the Model picker offers)."""
+    """The router's models (what the Model picker offers), and the models of sessions that are
+    recovering: the router does not list them meanwhile, but they serve again in seconds, so the
+    page says "recovering" (and offers Retry) instead of "no model is being served"."""
     try:
         r = requests.get(current_services().router_url + "/v1/models", timeout=5)
         data = r.json().get("data", []) if r.status_code == 200 else []
     except (requests.RequestException, ValueError):
         data = []
-    return jsonify(models=[m["id"] for m in data if isinstance(m, dict) and "id" in m])
+    sessions = current_services().orchestrator.state.sessions
+    recovering = sorted({s.model_name for s in sessions if s.phase == "recovering"})
+    # when each model's cluster last faulted (a recovery can take under a second: a reply cut off
+    # by it is explained even when the page looks only after it)
+    faulted = {s.model_name: s.faults[-1].at for s in sessions if s.faults}
+    return jsonify(models=[m["id"] for m in data if isinstance(m, dict) and "id" in m], recovering=recovering,
+                   faulted=faulted)
 
 
 @bp.post("/chat/send")

@@ -236,7 +236,7 @@ class SessionFaulted(Event):
 
     kind: Literal["session_faulted"] = "session_faulted"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, CHAT_MODELS})  # the picker: recovering, back
     session_id: str
     reason: str
     processes: tuple[str, ...] = ()
@@ -288,7 +288,7 @@ class RecoveryFailed(Event):
 
     kind: Literal["recovery_failed"] = "recovery_failed"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, CHAT_MODELS})  # the picker: recovering, back
     session_id: str
     reason: str
     final: bool = False  # no further attempt can help (e.g. the cluster secret is gone)
@@ -299,7 +299,7 @@ class SessionRecovered(Event):
 
     kind: Literal["session_recovered"] = "session_recovered"
     persisted: ClassVar[bool] = True
-    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS, CHAT_MODELS})  # the picker: recovering, back
     session_id: str
     seconds: float  # from the fault being seen to Healthy again
     detail: str = ""

@@ -123,6 +123,18 @@ def judge(session: Session, processes: dict[str, ProcessInfo | None],
     return tuple(statuses), "; ".join(problems), tuple(dict.fromkeys(culprits))
 
 
+def at_rest(statuses: tuple[StageStatus, ...], serving: bool) -> tuple[StageStatus, ...]:
+    """The stages as a person should see them (pure): with no client's request in flight at the
+    coordinator (its metrics count neither the readiness probe nor the idle canary), what a stage
+    computes is the coordinator's own check, not work — shown idle, not "decoding for 2.7 s ·
+    1 queued"."""
+    if serving:
+        return statuses
+    rest = {"busy_s": 0.0, "request": None, "chunk": None, "queued": 0}
+    return tuple(st.model_copy(update={"progress": st.progress.model_copy(update=rest)})
+                 if st.progress is not None else st for st in statuses)
+
+
 BUSY_LIMIT_S = 30.0  # a silent coordinator that burns CPU is a fault after this long all the same
 CPU_MOVED_S = 0.02  # CPU seconds between two looks that count as work (two ticks of the kernel's clock)
 
@@ -311,6 +323,7 @@ class Watcher:
         processes, look = _look(s, listed, client, 1.0)
         statuses, problem, culprits = judge(s, processes, look)
         reading, busy = self._read_tokens(client) if look.answered else (None, False)
+        statuses = at_rest(statuses, busy)
         readings = remember(self._tokens.get(s.id, ()), reading)
         self._tokens[s.id] = readings
         seen = sample(self._clock.time(), recent_rate(readings, busy), statuses)

@@ -123,11 +123,10 @@ def memory_reasons(costs: StageCosts, nodes: Sequence[NodeFacts], stages: Sequen
                               f"needs {format_bytes(need)} (weights, KV cache for {s.max_concurrent_sequences} x "
                               f"{s.context_length} tokens, process overhead), they have {format_bytes(have)}"
                               f"{free_words(nodes[0].memory_kind)}; "
-                              f"{format_bytes(need - have)} ({need - have} bytes) missing")]
+                              f"{format_bytes(need - have)} missing")]  # the exact count: missing_bytes
     label = {n.id: n.label for n in nodes}
     return [Issue(code=RefusalCode.STAGE_DOES_NOT_FIT, node_id=st.node_id, missing_bytes=st.total_bytes - st.free_bytes,
                   message=f"stage {st.stage} (layers {st.layers}) needs {format_bytes(st.total_bytes)} on node "
                           f"{label[st.node_id]}, which has {format_bytes(st.free_bytes)}{free_words(st.memory_kind)}; "
-                          f"{format_bytes(st.total_bytes - st.free_bytes)} ({st.total_bytes - st.free_bytes} bytes) "
-                          "missing")
+                          f"{format_bytes(st.total_bytes - st.free_bytes)} missing")
             for st in stages if not st.fits]

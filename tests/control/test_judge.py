@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control.coordinator_client import HealthLook, read_health
-from orchestrator.control.watcher import judge
+from orchestrator.control.state import StageProgress, StageStatus
+from orchestrator.control.watcher import at_rest, judge
 from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
 from tests.support.sessions import running_session
 
@@ -85,3 +86,13 @@ def test_the_coordinators_speculation_counts_go_to_the_last_stage_only():
     statuses, problem, _ = judge(running_session(), _processes(), look)
     assert problem == "" and statuses[0].speculation is None
     assert statuses[1].speculation is not None and statuses[1].speculation.model_dump() == spec
+
+
+def test_a_stage_computing_only_the_coordinators_own_checks_is_shown_idle():
+    """Issue 38 item 2: an idle cluster showed "decoding for 2.7 s · 1 queued" — the readiness
+    probe and the idle canary as work. With no client's request in flight it is idle."""
+    checking = StageProgress(steps=40, busy_s=2.7, request=7, chunk=(12, 1), queued=1)
+    statuses = (StageStatus(alive=True, progress=checking), StageStatus(alive=None))
+    idle = at_rest(statuses, serving=False)
+    assert idle[0].progress == StageProgress(steps=40) and idle[1] == statuses[1]  # the stage cards: "40 steps · idle"
+    assert at_rest(statuses, serving=True) == statuses

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.support.dashboard_server import Dashboard
+from tests.support.dashboard_server import Dashboard, start_dashboard
 
 CHROMIUM = os.environ.get("PIPESERVE_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -193,3 +193,47 @@ def test_a_refresh_of_the_choices_sent_before_the_users_change_is_dropped_and_as
         return [dropped, refreshed, answer(late), refreshed];
     }""")
     assert got == [False, 1, True, 1]
+
+
+SELECT_FIRST_TEXT = """(selector) => {
+    const node = document.querySelector(selector).firstChild;  // "Saved: distributed serving"
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    getSelection().removeAllRanges();
+    getSelection().addRange(range);
+    return getSelection().toString();
+}"""
+
+
+def test_a_selection_in_a_live_component_survives_its_push(browser, dashboard: Dashboard):
+    """Issue 38 item 3: a push replaced the whole component, so nothing in it could be selected
+    and copied for long. static/live.js morphs it: text that did not change keeps its node."""
+    page = _log_in(browser, dashboard, [])
+    page.goto(dashboard.url + "/settings")
+    page.get_by_text("Live", exact=True).wait_for(timeout=15_000)
+    selected = page.evaluate(SELECT_FIRST_TEXT, "#settings-status")
+    assert "Saved: distributed serving" in selected
+    other = _log_in(browser, dashboard, [])  # another admin changes a setting: a push to the first page
+    other.goto(dashboard.url + "/settings")
+    other.get_by_label("Restart failed stages automatically").click()
+    other.get_by_role("button", name="Save").click()
+    expected = "automatic restarts off" if "restart automatically" in page.locator("#settings-status").inner_text() \
+        else "restart automatically"
+    page.locator("#settings-status", has_text=expected).wait_for(timeout=15_000)  # the push landed
+    assert page.evaluate("() => getSelection().toString()") == selected
+
+
+def test_every_live_component_is_marked_stale_while_the_feed_is_gone(browser, tmp_path: Path):
+    """Issue 38 item 2: with the dashboard gone every page kept showing Healthy and Reachable with
+    only a small "Reconnecting…"; now each live component says it is not live, and since when."""
+    d = start_dashboard(tmp_path)
+    try:
+        page = _log_in(browser, d, [])
+        page.goto(d.url + "/settings")
+        page.get_by_text("Live", exact=True).wait_for(timeout=15_000)
+    finally:
+        d.stop()
+    note = page.locator("#settings-status .feed-note")
+    note.wait_for(timeout=15_000)
+    assert re.search(r"Not live: last update \d+ s ago", note.inner_text()), note.inner_text()
+    assert "stale-feed" in page.locator("#settings-status").get_attribute("class")

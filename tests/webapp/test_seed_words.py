@@ -5,6 +5,7 @@ looks chosen."""
 
 from __future__ import annotations
 
+from orchestrator.control import events as ev
 from orchestrator.control.state import Fault, NodePreparation, Preparation
 from tests.support.builders import session
 from tests.support.control_states import BASE, HELD, MODEL, with_models
@@ -49,3 +50,14 @@ def test_a_single_node_session_is_never_called_a_cluster():
     single = session(splits=((0, 29),), cluster=False, faults=(stopped,))
     assert [r["outcome"] for r in fault_rows(single)] == ["session stopped"]
     assert [r["outcome"] for r in fault_rows(session(faults=(stopped,)))] == ["cluster stopped"]
+
+
+def test_the_chat_picker_keeps_a_recovering_model_and_knows_when_its_cluster_faulted(still: Web):
+    """Issue 38 item 2: after a crash mid-reply the picker said "no model is being served" until a
+    reload. The router does not list a recovering cluster's model; the dashboard says it recovers."""
+    fault = Fault(at=123.0, reason="stage-1 ended", processes=("stage-1",))
+    still.orch._state = BASE.model_copy(update={"sessions": (session(phase="recovering", faults=(fault,)),)})
+    body = still.client("admin").get("/chat/models").get_json()
+    assert body == {"models": [], "recovering": [MODEL], "faulted": {MODEL: 123.0}}
+    # and the Chat page is told to ask again when the cluster faults and when it is back
+    assert all(ev.CHAT_MODELS in e.touches for e in (ev.SessionFaulted, ev.RecoveryFailed, ev.SessionRecovered))
