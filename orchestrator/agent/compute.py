@@ -29,6 +29,7 @@ from orchestrator.agent.perf_schemas import ComputeProfile, ProfileStatus
 from orchestrator.atomic_write import write_atomically
 from orchestrator.logs import EventLogger
 from orchestrator.planner.timing_doubt import profile_doubt
+from orchestrator.proc.child import parent_death_signal
 
 TIMEOUT_S = 600.0
 # Part of every cached profile's stamp: a profile taken by an older engine/profiling/layers.py (before
@@ -44,11 +45,15 @@ class ProfileFailed(Exception):
     """The timing process failed; the message is its last line of error output."""
 
 
-def run_profile_process(model_dir: Path, out: Path) -> dict:
-    """Time the model's layers in a child process with the stages' environment; its JSON."""
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.engine.profiling.layers", "--model", str(model_dir),
-                           "--out", str(out)], capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env=settings.process_environment())
+def run_profile_process(model_dir: Path, out: Path, command: list[str] | None = None) -> dict:
+    """Time the model's layers in a child process with the stages' environment; its JSON. The
+    child ends with its agent (a parent-death signal): a timing that outlived its stopped agent
+    was found twice, still using CPU beside the stages. `command` replaces the timing program
+    (tests)."""
+    argv = command or [sys.executable, "-m", "orchestrator.engine.profiling.layers", "--model", str(model_dir),
+                       "--out", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env=settings.process_environment(), preexec_fn=parent_death_signal)
     if proc.returncode != 0:
         raise ProfileFailed((proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])
     return json.loads(out.read_text())

@@ -58,6 +58,22 @@ def holds(node: Node, model_id: str) -> bool:
     return node.report is not None and any(m.id == model_id for m in node.report.models)
 
 
+def timing_node(state: State, nodes: Sequence[Node], model_id: str) -> tuple[Node | None, str]:
+    """Which node times the model's layers, or why none does (pure): one that holds the model and
+    runs no engine process of a live session — timed beside a serving stage, the layers compete
+    with it (the stage slows, the timing is doubtful) and the prediction costs more than it tells."""
+    holders = [n for n in nodes if holds(n, model_id)]
+    serving = {nid for s in state.sessions for nid in s.node_ids}
+    idle = [n for n in holders if n.id not in serving]
+    if idle:
+        return idle[0], ""
+    if holders:
+        names = ", ".join(n.name for n in holders)
+        return None, (f"not timing {model_id}'s layers: {names} serve{'s' if len(holders) == 1 else ''} a stage now, "
+                      "and timing beside it would compete with serving")
+    return None, f"no selected node holds {model_id} yet to time its layers: prepare it, then preview again"
+
+
 def lacking(state: State, model_id: str, node_ids: Sequence[str]) -> tuple[bool, bool]:
     """(links, timing): what a plan over these nodes would gain from measuring (pure); nothing
     when a node is not registered or has not reported."""

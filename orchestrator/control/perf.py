@@ -16,8 +16,9 @@ from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobTimeout, follow_job
 from orchestrator.control import events as ev
 from orchestrator.control.capabilities import Capabilities
-from orchestrator.control.measured import holds, missing
+from orchestrator.control.measured import missing, timing_node
 from orchestrator.control.state import Node, State
+from orchestrator.control.timing_events import LayerTimingChanged
 from orchestrator.proc.wait import WaitTimeout, wait_until
 
 LINK_TTL_S = 86_400  # probe tickets: the agents re-measure periodically with them
@@ -53,19 +54,27 @@ def measure_links(agents: dict[str, AgentClient], nodes: Sequence[Node], hosts: 
     return True
 
 
-def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str, log: Any = None) -> bool:
-    """Have one node that holds `model_id` time its layers (waits for it); True when it did."""
-    holder = next((n for n in nodes if holds(n, model_id)), None)
+def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id: str, log: Any = None,
+                state: State | None = None, post: Callable[[ev.Event], None] = lambda _: None) -> bool:
+    """Have one node that holds `model_id` and serves no stage time its layers (waits for it);
+    True when it did (`measured.timing_node` chooses; no node serves when `state` is None).
+    `post` tells the plan card what is timed where, and since when, until it ends."""
+    holder, why = timing_node(state or State(), nodes, model_id)
     if holder is None:
+        if log is not None:
+            log.info("perf.profile_skipped", model=model_id, reason=why)
         return False
     client = agents[holder.id]
     status = client.profile(model_id, start=True)
     if status.state == "running":
+        post(LayerTimingChanged(node_id=holder.id, model_id=model_id, started_at=time.time()))
         try:
             status = follow_job(lambda: client.profile(model_id), f"timing {model_id} on {holder.name}",
                                 PROFILE_TIMEOUT_S, 0.5)
         except JobTimeout:
             return False  # still timing: a later preview measures again
+        finally:
+            post(LayerTimingChanged(node_id=holder.id, model_id=model_id))
     if status.state == "failed" and log is not None:
         log.warning("perf.profile_failed", node=holder.name, model=model_id, reason=status.error)
     return status.state == "done"
@@ -88,7 +97,8 @@ def refresh_after_preview(ports: Capabilities, model_id: str, node_ids: list[str
     hosts = transport_hosts(state, node_ids)
     parts = [(0, lambda: measure_links(agents, nodes, hosts))] if links else []  # type: ignore[arg-type]
     if timing:
-        parts.append((1, lambda: time_layers(agents, nodes, model_id, ports.log)))  # type: ignore[arg-type]
+        parts.append((1, lambda: time_layers(agents, nodes, model_id, ports.log, ports.state(),  # type: ignore[arg-type]
+                                             ports.post)))
     for which, run in parts:
         try:
             if not run():

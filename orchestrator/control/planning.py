@@ -49,6 +49,27 @@ def model_info(state: State, model_id: str, prefer: list[Node]) -> ModelInfo:
     raise PlanningError(f"no registered node has a model {model_id!r}")
 
 
+def own_memory(state: State, model_id: str, node: Node, free: int) -> int:
+    """What a plan of `model_id` may count as free on `node` (pure). A live session of the same
+    model there holds memory the plan itself describes: shown for the running cluster (a preview
+    refreshed once its prediction arrived), it turned "Refused — does not fit" right above the
+    Healthy cluster. When every engine process the node's agent lists alive belongs to such a
+    session, what they hold counts as free again, within the node's budget; any other process
+    keeps the node's figure as it is (its agent reports their memory together)."""
+    r = node.report
+    if r is None:
+        return free
+    live = {s.id for s in state.sessions if s.model_id == model_id and node.id in s.node_ids}
+    alive = [p for p in r.processes if p.alive]
+    if not live or not alive or any(p.cluster_id not in live for p in alive):
+        return free
+    m = r.memory
+    back = min(m.available_bytes + m.processes_rss_bytes, m.total_bytes)
+    if m.budget_bytes is not None:
+        back = min(back, m.budget_bytes)
+    return max(free, back)
+
+
 def plan_settings(settings: Settings, context_length: int = 4096, concurrency: int = 4,
                   manual_split: list[tuple[int, int]] | None = None) -> PlanSettings:
     """PlanSettings from the dashboard's settings and the plan form."""
@@ -68,6 +89,8 @@ def plan_for(state: State, model_id: str, node_ids: list[str], settings: PlanSet
         settings = settings.model_copy(update={"draft_model": draft_model, "draft_model_bytes": draft_bytes(
             state, draft_model, info, nodes, settings)})
     facts: list[NodeFacts] = [node_facts_from_report(n.report, node_id=n.id, host=n.host) for n in nodes]
+    facts = [f.model_copy(update={"free_bytes": own_memory(state, model_id, n, f.free_bytes)})
+             for f, n in zip(facts, nodes)]
     facts = with_performance(facts, nodes, model_id)  # measured links and timed layers (perf.py)
     plan = plan_cluster(info.description, facts, settings, model_name=model_id, mlx_format=info.mlx_format,
                         format_reason=info.reason, unsupported_reason=info.unsupported_reason)

@@ -292,6 +292,14 @@ class CopyCheck(_Frozen):
     message: str = ""
 
 
+class TimingRun(_Frozen):
+    """A node timing a model's layers for a plan's prediction (control/perf.py), since when."""
+
+    node_id: str
+    model_id: str
+    started_at: float  # wall-clock seconds
+
+
 class State(_Frozen):
     """Everything the dashboard shows, as one immutable snapshot."""
 
@@ -306,6 +314,7 @@ class State(_Frozen):
     plan: PreviewedPlan | None = None  # the last previewed plan, shown to every viewer
     verified: tuple[VerifiedCopy, ...] = ()  # copies the dashboard checked, while their files stay
     checks: tuple[CopyCheck, ...] = ()  # Verify on request: the latest per copy
+    timing: TimingRun | None = None  # the layer timing under way (not saved: control/timing_events.py)
     version: int = 0
 
     def node(self, node_id: str) -> Node | None:

@@ -16,6 +16,7 @@ from orchestrator.control.download_events import (
 )
 from orchestrator.control.state import SAMPLES, CopyCheck, Fault, Node, Preparation, Session, Settings, State
 from orchestrator.control.timelines import copy_started, recovery_steps, stage_moved
+from orchestrator.control.timing_events import LayerTimingChanged, apply_timing
 
 HISTORY = 5  # ended sessions kept for the monitor
 FAULTS = 20  # faults kept per session (each with its post-mortems)
@@ -123,6 +124,8 @@ def _apply(state: State, event: ev.Event) -> State:
         case (ModelDownloadStarted() | ModelDownloadProgressed() | ModelDownloadListed() | ModelDownloadFinished()
               | ModelDeletionStarted() | DownloadsCleared()):
             return apply_download(state, event)  # the Models tab's downloads and deletions: their own module
+        case LayerTimingChanged():
+            return apply_timing(state, event)
         case ev.CopyCheckStarted(model_id=model_id, node_id=node_id):
             others = tuple(c for c in state.checks if (c.model_id, c.node_id) != (model_id, node_id))
             return state.model_copy(update={"checks": others + (CopyCheck(model_id=model_id, node_id=node_id),)})

@@ -60,6 +60,12 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
             pass
 
 
+def parent_death_signal() -> None:
+    """`preexec_fn` for a child that must not outlive its parent: on Linux the kernel sends it
+    SIGTERM when the thread that started it ends (the parent killed included); elsewhere nothing."""
+    _die_with_parent()
+
+
 @dataclass(eq=False)
 class ChildProcess:
     """A child process and what is known about it. Thread-safe for `alive()` and `stop()`."""

@@ -22,7 +22,7 @@ CONTROL = ROOT / "orchestrator" / "control"
 PURE = ["orchestrator.control.decide", "orchestrator.control.transitions", "orchestrator.control.timelines",
         "orchestrator.control.measured", "orchestrator.control.model_rules", "orchestrator.control.state",
         "orchestrator.control.events", "orchestrator.control.commands", "orchestrator.control.lease",
-        "orchestrator.control.process_ends", "orchestrator.control.audit"]
+        "orchestrator.control.process_ends", "orchestrator.control.audit", "orchestrator.control.timing_events"]
 IO = ["requests", "urllib3", "orchestrator.agent.client", "orchestrator.registrar", "orchestrator.control.launcher",
       "orchestrator.control.recovery", "orchestrator.control.effects", "orchestrator.control.core",
       "orchestrator.control.stage_copy", "orchestrator.control.perf", "orchestrator.control.watcher"]

@@ -141,7 +141,9 @@ def test_stage_cards_during_a_launch_say_what_the_launch_saw():
 def test_the_pending_prediction_says_what_is_measured_on_which_node():
     from webapp.views.plan import measuring_text
 
-    st = rich_state()  # node-a holds smol, nothing measured yet
+    # node-a holds smol, nothing measured yet, no cluster serving (beside one it is not timed:
+    # tests/webapp/test_timing_note.py)
+    st = rich_state().model_copy(update={"sessions": ()})
     assert measuring_text(st, "smol", ["n0", "n1"]) == (
         "Predicted performance: measuring the links between node-a, node-b; timing smol's layers on node-a "
         "(a minute or more on a busy machine)…")

@@ -3,10 +3,11 @@ warnings or refusal reasons in words."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from orchestrator.agent.device_schemas import MEMORY_WORDS
-from orchestrator.control.perf import holds, missing
+from orchestrator.control.measured import missing, timing_node
 from orchestrator.control.selection import plan_label
 from orchestrator.control.state import State
 from orchestrator.planner import Plan
@@ -78,6 +79,9 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
                      "performance": performance_view(plan.performance if plan is not None else None),
                      "transport": transport_view(plan.transport if plan is not None else None),
                      "measuring": measuring_text(state, shown.model_id, list(shown.node_ids)),
+                     # the layer timing under way for this model: the page counts its elapsed time
+                     "timing_since": state.timing.started_at if state.timing is not None
+                     and state.timing.model_id == shown.model_id else None,
                      "busy": busy_timing(state, shown.model_id, list(shown.node_ids))}}
 
 
@@ -110,9 +114,16 @@ def measuring_text(state: State, model_id: str, node_ids: list[str]) -> str:
     if links:
         parts.append(f"measuring the links between {', '.join(n.name for n in nodes)}")
     if timing:
-        holder = next((n for n in nodes if holds(n, model_id)), None)
-        parts.append(f"timing {model_id}'s layers on {holder.name} (a minute or more on a busy machine)" if holder
-                     else f"no selected node holds {model_id} yet to time its layers: prepare it, then preview again")
+        holder, why = timing_node(state, nodes, model_id)
+        run = state.timing if state.timing is not None and state.timing.model_id == model_id else None
+        where = state.node(run.node_id) if run is not None else holder
+        if run is not None and where is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(run.started_at))
+            parts.append(f"timing {model_id}'s layers on {where.name} since {since} (a minute or more on a busy "
+                         "machine)")
+        else:
+            parts.append(f"timing {model_id}'s layers on {holder.name} (a minute or more on a busy machine)"
+                         if holder else why)
     return "Predicted performance: " + ("; ".join(parts) if parts else "computing from the measurements") + "…"
 
 
