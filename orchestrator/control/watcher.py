@@ -127,7 +127,8 @@ def at_rest(statuses: tuple[StageStatus, ...], serving: bool) -> tuple[StageStat
     """The stages as a person should see them (pure): with no client's request in flight at the
     coordinator (its metrics count neither the readiness probe nor the idle canary), what a stage
     computes is the coordinator's own check, not work — shown idle, not "decoding for 2.7 s ·
-    1 queued"."""
+    1 queued". The caller passes `serving` true for a session with a problem: a wedged stage's
+    step is what its post-mortem must keep, whoever asked for it."""
     if serving:
         return statuses
     rest = {"busy_s": 0.0, "request": None, "chunk": None, "queued": 0}
@@ -323,7 +324,7 @@ class Watcher:
         processes, look = _look(s, listed, client, 1.0)
         statuses, problem, culprits = judge(s, processes, look)
         reading, busy = self._read_tokens(client) if look.answered else (None, False)
-        statuses = at_rest(statuses, busy)
+        statuses = at_rest(statuses, busy or bool(problem))  # a broken pipeline's stages as they are (post-mortems)
         readings = remember(self._tokens.get(s.id, ()), reading)
         self._tokens[s.id] = readings
         seen = sample(self._clock.time(), recent_rate(readings, busy), statuses)
