@@ -51,6 +51,28 @@ def test_the_readme_is_a_front_door() -> None:
     assert all(heading in lines for heading in front)
 
 
+MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]*\.?"
+DATE = re.compile(rf"\b(?:19|20)\d\d-\d\d(?:-\d\d)?\b|\b\d{{1,2}} {MONTH} (?:19|20)\d\d\b"
+                  rf"|\b{MONTH} \d{{1,2}}, (?:19|20)\d\d\b")
+DIARY = re.compile(r"\b(?:last run|earlier runs?|latest run|final code|that day|yesterday|today|this morning|"
+                   r"tonight|best rounds?|two runs of|four runs)\b", re.I)
+
+
+def test_the_readme_holds_no_dates_nor_run_diaries() -> None:
+    """The front door shows current facts: dated runs and their story live in docs/benchmark-history.md."""
+    text = FENCE.sub("", README.read_text())
+    assert not DATE.findall(text), f"README.md has dates: {DATE.findall(text)}"
+    assert not DIARY.findall(text), f"README.md tells runs' history: {DIARY.findall(text)}"
+
+
+def test_the_readme_performance_section_is_one_short_table() -> None:
+    section = README.read_text().split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    assert 6 <= len(rows) - 2 <= 10, f"{len(rows) - 2} rows: the targets and the latest ratios, 6-10 of them"
+    assert "### " not in section, "one table: the method and the runs belong in docs/benchmark.md"
+    assert "docs/benchmark.md" in section and "benchmark-history" not in section
+
+
 def test_every_cli_sub_command_is_in_the_readme() -> None:
     text = README.read_text()
     missing = [name for name in COMMANDS if f"`pipeserve {name}" not in text]
