@@ -174,3 +174,54 @@ def test_every_kind_of_cache_resumes_exactly(family_model, launch, family):
     kill = Killer(cluster, "stage-1", 2)
     assert answer(cluster, request, kill) == undisturbed
     assert kill.resumed() == 1  # it was killed before the answer was done
+
+
+def chat_answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
+    """A streamed chat answer's content and finish reason; `on_chunk(n)` after the n-th chunk."""
+    out = {"content": "", "finish": None}
+    with requests.post(cluster.base_url + "/v1/chat/completions", json={**request, "stream": True}, stream=True,
+                       timeout=180) as r:
+        assert r.status_code == 200, r.text
+        n = 0
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            for c in event.get("choices", []):
+                out["content"] += c.get("delta", {}).get("content") or ""
+                out["finish"] = c.get("finish_reason") or out["finish"]
+            n += 1
+            if on_chunk is not None:
+                on_chunk(n)
+    return out
+
+
+def test_a_json_schema_answer_resumes_inside_its_grammar(model_factory, launch):
+    """The grammar's state is rebuilt by the same tokens: the resumed answer is the same valid JSON."""
+    model = model_factory(tools=True, layers=4, hidden=256, heads=4, kv_heads=4, vocab=512)
+    cluster = launch(model, [(0, 1), (2, 3)])
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "population"],
+              "properties": {"name": {"type": "string", "maxLength": 40}, "population": {"type": "integer"}}}
+    request = {"model": model.name, "messages": [{"role": "user", "content": "A city as JSON"}], "max_tokens": 120,
+               "temperature": 0, "response_format": {"type": "json_schema",
+                                                     "json_schema": {"name": "city", "schema": schema}}}
+    undisturbed = chat_answer(cluster, request)
+    json.loads(undisturbed["content"])  # valid JSON, as the grammar forces
+    kill = Killer(cluster, "stage-1", 3)
+    assert chat_answer(cluster, request, kill) == undisturbed
+    assert kill.resumed() == 1
+
+
+def test_a_speculating_answer_resumes_with_the_same_tokens(slow_model, launch):
+    """A request that drafts (prompt lookup) is killed between verification passes or inside one: it
+    resumes with plain decode steps, and its tokens are the ones speculation gives (speculation's own
+    promise is tokens, not log-probs bit for bit: docs/speculation.md)."""
+    cluster = launch(slow_model, [(0, 1), (2, 3)], speculative_tokens=4)
+    request = body(slow_model.name, True, False, prompt=PROMPT * 2)
+    undisturbed = answer(cluster, request)
+    kill = Killer(cluster, "stage-1", 8)
+    resumed = answer(cluster, request, kill)
+    assert kill.resumed() == 1
+    same = ("text", "tokens", "finish", "usage")
+    assert {k: resumed[k] for k in same} == {k: undisturbed[k] for k in same}
