@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from orchestrator.control import events as ev
 from orchestrator.control.state import Fault, NodePreparation, Preparation
+from orchestrator.planner.predict import Boundary, Performance
 from tests.support.builders import session
 from tests.support.control_states import BASE, HELD, MODEL, with_models
 from tests.support.html import parse
-from tests.support.view_states import rich_state
+from tests.support.view_states import plan, rich_state
 from tests.webapp.conftest import Web
 from webapp.views.cluster import prepare_view
 from webapp.views.context import ViewContext
@@ -61,3 +62,19 @@ def test_the_chat_picker_keeps_a_recovering_model_and_knows_when_its_cluster_fau
     assert body == {"models": [], "recovering": [MODEL], "faulted": {MODEL: 123.0}}
     # and the Chat page is told to ask again when the cluster faults and when it is back
     assert all(ev.CHAT_MODELS in e.touches for e in (ev.SessionFaulted, ev.RecoveryFailed, ev.SessionRecovered))
+
+
+def test_a_plan_card_gives_a_links_figures_once(still: Web):
+    """Issue 38 item 5: the Links matrix and the boundaries table gave different figures for one
+    link. The figures are the matrix's alone; the boundaries table says what crosses where."""
+    shown = plan()
+    perf = Performance(decode_tps_1=10.0, ms_per_token_1=100.0, compute_ms_1=90.0, aggregate_tps=(), ttft_s=(),
+                       stage_ms_1=(45.0, 45.0), bottleneck="stage 0", boundaries=(
+                           Boundary(source="stage 0", target="stage 1", link="0.30 ms, 0.94 Gbit/s", interface="eth0",
+                                    measured=True, ms_per_token=0.5),))
+    result = shown.result.model_copy(update={"performance": perf})
+    still.orch._state = rich_state().model_copy(update={"plan": shown.model_copy(update={"result": result})})
+    html = still.client("admin").get("/models?tab=distributed").get_data(as_text=True)
+    table = parse(html).by_id("plan-preview").find("table", **{"aria-label": "stage boundaries"})
+    assert "stage 0 → stage 1" in table.text and "eth0" in table.text
+    assert "0.94 Gbit/s" not in table.text and "Link" not in table.text
