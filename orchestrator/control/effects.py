@@ -170,6 +170,8 @@ class EffectRunner:
             self.log.info("session.seen_after_restart", session=s.id, phase=s.phase, problem=problem or "none",
                           culprits=",".join(culprits), gone=",".join(gone))
             self.ports.command(ResumeSession(s.id, s.phase, problem, culprits, time.time(), gone))
+        except Exception as exc:  # noqa: BLE001 (a worker's end: logged, and the watcher judges it from now on)
+            self.log.error("session.resume_failed", session=s.id, reason=exc)
         finally:
             self.release(s.id)
 
