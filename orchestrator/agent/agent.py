@@ -58,7 +58,9 @@ class Agent:
                                                          "demo": partial(import_demo, log=log)},
                                    users=self.processes.users)
         self.limiter = RateLimiter(config.upload_limit) if config.upload_limit else None
-        self.compute = ComputeProfiler(self.inventory, config.state_dir, log)  # timed layers, per model
+        # timed layers, per model; never beside a running stage (it would compete with serving)
+        self.compute = ComputeProfiler(self.inventory, config.state_dir, log,
+                                       serving=lambda: bool(self.processes.pids()))
         self.links = LinkProber(log, netif.interfaces)  # measured links to peers
         self.accelerator = node_report.detect_accelerator()  # fixed for the agent's life
         # so is mlx's backend and its device (asked once, in a child: agent/device_probe.py)

@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from orchestrator import settings
@@ -45,17 +46,36 @@ class ProfileFailed(Exception):
     """The timing process failed; the message is its last line of error output."""
 
 
-def run_profile_process(model_dir: Path, out: Path, command: list[str] | None = None) -> dict:
+YIELDED = "stopped: a stage started on this node (timing beside it would compete with serving)"
+STOP_POLL_S = 0.5  # how often a running timing asks whether it must yield
+
+
+def run_profile_process(model_dir: Path, out: Path, command: list[str] | None = None,
+                        stop: Callable[[], bool] = lambda: False) -> dict:
     """Time the model's layers in a child process with the stages' environment; its JSON. The
     child ends with its agent (a parent-death signal): a timing that outlived its stopped agent
-    was found twice, still using CPU beside the stages. `command` replaces the timing program
-    (tests)."""
+    was found twice, still using CPU beside the stages. It yields when `stop()` turns true (a
+    stage started on this node): killed, ProfileFailed(YIELDED). `command` replaces the timing
+    program (tests)."""
     argv = command or [sys.executable, "-m", "orchestrator.engine.profiling.layers", "--model", str(model_dir),
                        "--out", str(out)]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          env=settings.process_environment(), preexec_fn=parent_death_signal)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=settings.process_environment(), preexec_fn=parent_death_signal)
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            _, err = proc.communicate(timeout=STOP_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            late = time.monotonic() > deadline
+            if late or stop():
+                proc.kill()
+                proc.communicate()
+                if late:
+                    raise
+                raise ProfileFailed(YIELDED) from None
     if proc.returncode != 0:
-        raise ProfileFailed((proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])
+        raise ProfileFailed((err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])
     return json.loads(out.read_text())
 
 
@@ -63,14 +83,18 @@ class ComputeProfiler:
     """Cached compute profiles and the one timing run in progress."""
 
     def __init__(self, inventory: Inventory, state_dir: Path, log: EventLogger, *,
-                 run: Callable[[Path, Path], dict] = run_profile_process,
+                 run: Callable[[Path, Path], dict] | None = None,
                  load: Callable[[], tuple[float, int]] | None = None,
-                 sleep: Callable[[float], None] = time.sleep, tries: int | None = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, tries: int | None = None,
+                 serving: Callable[[], bool] = lambda: False) -> None:
         """`run`, `load` ((1-minute load, CPUs)) and `sleep` are the I/O edge, injectable; `tries` the
-        most timings of one model while they are doubted (PIPESERVE_TIMING_TRIES)."""
+        most timings of one model while they are doubted (PIPESERVE_TIMING_TRIES). `serving`: whether
+        this node runs an engine process now — timing never starts beside one, and yields to one
+        that starts (issue 38 item 4)."""
         self._tries = tries or settings.TIMING_TRIES.read()
         self._inventory = inventory
-        self._timed = run
+        self._serving = serving
+        self._timed = run or partial(run_profile_process, stop=serving)
         self._load = load or (lambda: (_load_average(), os.cpu_count() or 0))
         self._sleep = sleep
         self._dir = Path(state_dir) / "profiles"
@@ -115,6 +139,10 @@ class ComputeProfiler:
         current = self.status(model_id)
         if current.state == "running" or (current.state == "done" and not force):
             return current
+        if self._serving():
+            return ProfileStatus(model_id=model_id, state="failed",
+                                 error="not timed: this node serves a stage now (timing beside it would compete with "
+                                       "serving)")
         with self._lock:
             if self._running is not None:
                 return ProfileStatus(model_id=model_id, state="failed",
@@ -158,6 +186,8 @@ class ComputeProfiler:
                 return {**profile, "doubt": doubt, "tries": attempt}
             self._log.info("compute.profile_doubted", model=model_id, attempt=attempt, doubt=doubt)
             self._sleep(RETRY_PAUSE_S)
+            if self._serving():  # a stage started meanwhile: the last timing stands, doubted
+                return {**profile, "doubt": doubt, "tries": attempt}
 
     def profiles(self) -> list[ComputeProfile]:
         """Every cached, current profile (for the report)."""

@@ -1,6 +1,7 @@
-"""The layer-timing child stops with its agent (issue 38 item 4): one outlived its stopped agent
-twice, still using CPU beside the stages. A real parent process runs the agent's
-`run_profile_process` with a child that would time for ten minutes, and is killed with SIGKILL."""
+"""The layer-timing child never competes with serving (issue 38 item 4): it stops with its agent
+(one outlived its stopped agent twice, still using CPU beside the stages: a real parent process
+runs the agent's `run_profile_process` with a child that would time for ten minutes, and is
+killed with SIGKILL), yields to a stage that starts on its node, and never starts beside one."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
+
+from orchestrator import logs
+from orchestrator.agent.compute import ComputeProfiler, ProfileFailed, run_profile_process
 from orchestrator.proc import wait_until
 
 GONE_WITHIN_S = 10.0  # the kernel signals at once; the rest is a loaded machine's scheduling
@@ -41,3 +47,26 @@ def test_the_timing_child_ends_when_its_agent_is_killed(tmp_path: Path):
         agent.kill()
         if pid_file.exists() and not _gone(int(pid_file.read_text() or 0)):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_timing_yields_to_a_stage_that_starts_on_its_node(tmp_path: Path):
+    """It never competes with serving: a stage starting on the node stops the timing child (one
+    that did not yield would end by itself after 30 s, without a timing: the test fails then)."""
+    pid_file = tmp_path / "timing.pid"
+    timing = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                                    "time.sleep(30)"]
+    serving = lambda: pid_file.exists() and bool(pid_file.read_text().strip())  # noqa: E731 (a stage starts then)
+    with pytest.raises(ProfileFailed, match="a stage started on this node"):
+        run_profile_process(tmp_path, tmp_path / "out.json", timing, stop=serving)
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_a_timing_never_starts_beside_a_stage(tmp_path: Path):
+    model = tmp_path / "models" / "m"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    inventory = SimpleNamespace(model_dir=lambda model_id: model)
+    profiler = ComputeProfiler(inventory, tmp_path, logs.get("test"), run=lambda d, o: pytest.fail("timed"),
+                               serving=lambda: True)
+    status = profiler.start("m")
+    assert status.state == "failed" and "serves a stage now" in status.error
