@@ -28,8 +28,12 @@ def test_prepare_copies_the_model_then_the_plan_launches(env: Env):
     env.orch.prepare(MODEL_ID, ids)
     st = env.orch.wait(lambda st: st.preparation is not None and st.preparation.finished, 60)
     assert st.preparation.ready, st.preparation
-    seen = [e.node.status for e in drain(events) if e.kind == "preparation_progressed" and e.node.node_id == ids[1]]
-    assert seen[0] == "needs_download" and "downloading" in seen and seen[-1] == "present", seen
+    progressed = [e.node for e in drain(events) if e.kind == "preparation_progressed" and e.node.node_id == ids[1]]
+    seen = [n.status for n in progressed]
+    assert seen[:2] == ["checking", "needs_download"] and "downloading" in seen and seen[-1] == "present", seen
+    # what is checked is said while it is (issue 38 item 5), and how the copy was verified at the end
+    assert progressed[0].detail.startswith("comparing its copy with node-a's: ") and "sha256" in progressed[0].detail
+    assert progressed[-1].detail == "verified: every file's sha256 matches node-a's copy", progressed[-1]
     assert (env.agents[1].models_dir / MODEL_ID / "model.safetensors").exists()
 
     plan = env.orch.preview_plan(MODEL_ID, ids, context_length=1024, concurrency=2)
@@ -54,7 +58,8 @@ def test_a_mismatched_copy_is_named_and_repaired(env: Env):
     events = env.orch.subscribe()
     env.orch.prepare(MODEL_ID, ids)
     st = env.orch.wait(lambda st: st.preparation is not None and st.preparation.finished, 60)
-    first = next(e.node for e in drain(events) if e.kind == "preparation_progressed" and e.node.node_id == ids[1])
+    first = next(e.node for e in drain(events) if e.kind == "preparation_progressed" and e.node.node_id == ids[1]
+                 and e.node.status != "checking")  # its check says what it compares first
     assert first.status == "mismatch" and "config.json" in first.detail
     assert st.preparation.ready
 
