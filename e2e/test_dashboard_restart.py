@@ -207,7 +207,8 @@ def test_4_the_dashboard_stopped_for_longer_than_the_lease_loses_its_engines(sta
 def test_5_started_again_it_relaunches_the_same_session_under_the_same_plan(stack, admin, shots):
     stack.demo.start_dashboard()
     page = admin.page  # the page the admin kept open: its live feed comes back by itself
-    wait_until(lambda: (s := stack.api_state()["sessions"]) and s[0]["faults"]
+    # the last fault is the relaunch (step 3's crash came before it), and it has ended
+    wait_until(lambda: (s := stack.api_state()["sessions"]) and s[0]["faults"] and s[0]["faults"][-1]["relaunch"]
                and s[0]["faults"][-1]["outcome"] != "recovering", LAUNCH_MS / 1000, 0.5,
                message="the relaunch to end")
     expect(badge(page, "Healthy")).to_be_visible(timeout=LIVE)
