@@ -13,9 +13,12 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 # A decode measurement cut short by --max-seconds keeps at least this many tokens.
 MIN_TOKENS = 8
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,21 +86,20 @@ def stream_completion(port: int, model: str, prompt: list[int], max_tokens: int,
     return Stream(t0, times, texts, lps, finish)
 
 
-def run_concurrent(port: int, model: str, prompts: list[list[int]], max_tokens: int,
-                   max_seconds: float | None = None) -> list[Stream]:
-    """Start len(prompts) streamed requests at once, each from its own thread."""
-    results: list[Stream | BaseException | None] = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
+def together(calls: list[Callable[[], T]]) -> list[T]:
+    """Run the calls at once, one thread each, released together by a barrier; their results in
+    order, or the first exception one of them raised."""
+    results: list[T | BaseException | None] = [None] * len(calls)
+    barrier = threading.Barrier(len(calls))
 
     def one(i: int) -> None:
         try:
             barrier.wait()
-            deadline = time.perf_counter() + max_seconds if max_seconds else None
-            results[i] = stream_completion(port, model, prompts[i], max_tokens, deadline)
+            results[i] = calls[i]()
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             results[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
@@ -106,6 +108,17 @@ def run_concurrent(port: int, model: str, prompts: list[list[int]], max_tokens: 
         if isinstance(r, BaseException):
             raise r
     return results  # type: ignore[return-value]
+
+
+def run_concurrent(port: int, model: str, prompts: list[list[int]], max_tokens: int,
+                   max_seconds: float | None = None) -> list[Stream]:
+    """Start len(prompts) streamed requests at once, each from its own thread."""
+    def call(prompt: list[int]) -> Callable[[], Stream]:
+        # the deadline starts when the call is released, with the others
+        return lambda: stream_completion(port, model, prompt, max_tokens,
+                                         time.perf_counter() + max_seconds if max_seconds else None)
+
+    return together([call(p) for p in prompts])
 
 
 def decode_rate(times: list[float]) -> float:

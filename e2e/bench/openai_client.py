@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from dataclasses import dataclass
+
+from e2e.bench.client import together
 
 
 @dataclass
@@ -78,25 +79,7 @@ def complete(port: int, model: str, prompt: str, max_tokens: int, host: str = "1
 
 def concurrent(port: int, model: str, prompts: list[str], max_tokens: int, host: str = "127.0.0.1") -> list[Answer]:
     """len(prompts) completions started together, one thread each."""
-    out: list[Answer | BaseException | None] = [None] * len(prompts)
-    barrier = threading.Barrier(len(prompts))
-
-    def one(i: int) -> None:
-        try:
-            barrier.wait()
-            out[i] = complete(port, model, prompts[i], max_tokens, host)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            out[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return out  # type: ignore[return-value]
+    return together([lambda p=p: complete(port, model, p, max_tokens, host) for p in prompts])
 
 
 def throughput(answers: list[Answer]) -> float:

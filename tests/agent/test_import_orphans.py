@@ -15,17 +15,11 @@ from pathlib import Path
 
 from orchestrator.engine.parent_watch import PARENT_PID_ENV
 from orchestrator.proc import marked_processes, wait_until
+from tests.support.agents import gone
 
 GONE_WITHIN_S = 5.0  # the watch polls every 0.25 s; the rest is unwinding on a loaded machine
 
 
-def _gone(pid: int) -> bool:
-    """Ended: no such process, or a zombie nobody has reaped yet."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def _children(pid: int) -> list[int]:
@@ -68,5 +62,5 @@ def test_a_demo_import_stops_with_its_pip_when_the_agent_is_killed(spawn_agent, 
             assert _environ(importer)[PARENT_PID_ENV] == str(agent.proc.pid)
 
             agent.stop(signal.SIGKILL)  # an agent crash: nobody stops the import on purpose
-            wait_until(lambda: all(_gone(p) for p in [importer, *pips]), GONE_WITHIN_S,
+            wait_until(lambda: all(gone(p) for p in [importer, *pips]), GONE_WITHIN_S,
                        message="the import and its pip to end after their agent was killed")

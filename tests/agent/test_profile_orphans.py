@@ -17,16 +17,11 @@ import pytest
 from orchestrator import logs
 from orchestrator.agent.compute import ComputeProfiler, ProfileFailed, run_profile_process
 from orchestrator.proc import wait_until
+from tests.support.agents import gone
 
 GONE_WITHIN_S = 10.0  # the kernel signals at once; the rest is a loaded machine's scheduling
 
 
-def _gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def test_the_timing_child_ends_when_its_agent_is_killed(tmp_path: Path):
@@ -42,10 +37,10 @@ def test_the_timing_child_ends_when_its_agent_is_killed(tmp_path: Path):
         child = int(pid_file.read_text())
         os.kill(agent.pid, signal.SIGKILL)
         agent.wait(10)
-        wait_until(lambda: _gone(child), GONE_WITHIN_S, 0.1, message="the timing child to end with its agent")
+        wait_until(lambda: gone(child), GONE_WITHIN_S, 0.1, message="the timing child to end with its agent")
     finally:
         agent.kill()
-        if pid_file.exists() and not _gone(int(pid_file.read_text() or 0)):
+        if pid_file.exists() and not gone(int(pid_file.read_text() or 0)):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
@@ -58,7 +53,7 @@ def test_a_timing_yields_to_a_stage_that_starts_on_its_node(tmp_path: Path):
     serving = lambda: pid_file.exists() and bool(pid_file.read_text().strip())  # noqa: E731 (a stage starts then)
     with pytest.raises(ProfileFailed, match="a stage started on this node"):
         run_profile_process(tmp_path, tmp_path / "out.json", timing, stop=serving)
-    assert _gone(int(pid_file.read_text()))
+    assert gone(int(pid_file.read_text()))
 
 
 def test_a_timing_never_starts_beside_a_stage(tmp_path: Path):

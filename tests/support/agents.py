@@ -8,6 +8,7 @@ the agent's own output.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +47,12 @@ class AgentProc(LocalAgent):
     def restart(self) -> "AgentProc":
         """Start again on the same port and directories; the client keeps its credential."""
         return self.launch().wait_ready()
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended: no such process, or a zombie nobody has reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
