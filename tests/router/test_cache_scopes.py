@@ -60,7 +60,10 @@ def test_another_callers_prompt_is_never_reused_and_the_probe_bites_without_scop
     # The same probe with scopes off: B reads A's prompt from cached_tokens again.
     open_router = _router(tmp_path, start_router, backend, "unscoped", scoped=False)
     other = SECRET.format(n=5582) * 2
-    assert _cached(open_router, "key-A", other)[0] == 0
+    first, total = _cached(open_router, "key-A", other)
+    # at most the chat template's opening, which every request of the default scope shares (other tests'
+    # requests to this coordinator may have left it)
+    assert first < total // 4
     leaked, total = _cached(open_router, "key-B", other)
     assert leaked > total // 2  # without scopes: B learns that A sent exactly this
 
