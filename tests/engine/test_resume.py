@@ -225,3 +225,19 @@ def test_a_speculating_answer_resumes_with_the_same_tokens(slow_model, launch):
     assert kill.resumed() == 1
     same = ("text", "tokens", "finish", "usage")
     assert {k: resumed[k] for k in same} == {k: undisturbed[k] for k in same}
+
+
+def test_an_answer_held_past_the_resume_deadline_ends_with_a_clear_error(slow_model, launch):
+    """Its stage never comes back: the held answer waits the deadline, then ends with an error event
+    saying why, and its slot is free again."""
+    cluster = launch(slow_model, [(0, 1), (2, 3)], env={"PIPESERVE_RESUME_DEADLINE_S": "2"})
+    request = body(slow_model.name, True, False)
+
+    def kill_for_good(n: int) -> None:
+        if n == 5:
+            cluster.kill("stage-1", signal.SIGKILL)
+
+    with pytest.raises(AssertionError, match="not resumed within 2 s"):
+        answer(cluster, request, kill_for_good)
+    metrics = requests.get(cluster.base_url + "/metrics", timeout=5).text
+    assert "pipeserve_requests_resume_failed_total 1" in metrics and "pipeserve_requests_in_flight 0" in metrics

@@ -226,13 +226,12 @@ class Pipeline:
                 replay.append(None)  # test-only: one token generated and never sent
             self._admit(h.gen, internal=False, replay=replay)
 
-    def _fail_held(self, message: str, older_than: float | None = None) -> None:
-        """Held requests fail: all of them, or those held longer than `older_than` s."""
+    def _fail_held(self, message: str | None = None) -> None:
+        """Held requests fail: all of them with `message`, or (None) those held past the resume deadline."""
         t = now()
-        for h in [h for h in self.requests.held if older_than is None or t - h.since > older_than]:
+        for h in [h for h in self.requests.held if message is not None or t - h.since > self.resume_deadline]:
             self.requests.held.remove(h)
-            waited = f"; not resumed within {older_than:.0f} s" if older_than is not None else ""
-            self._emit(h.gen, Failed(f"{h.reason}{waited}" if waited else message))
+            self._emit(h.gen, Failed(message or f"{h.reason}; not resumed within {self.resume_deadline:.0f} s"))
             self.metrics.resumed(False)
         self.metrics.set_in_flight(self.requests.public_count())
 
@@ -521,7 +520,7 @@ class Pipeline:
             self._admit(Generation(list(PROBE_PROMPT[:2]), GenerationParams(max_tokens=1), self._inbox),
                         internal=True, canary=True)
         if book.held and self.resume_deadline:
-            self._fail_held("", older_than=self.resume_deadline)
+            self._fail_held()
         probe = book.probe()
         if probe is not None and t - probe.gen.submitted > PROBE_TIMEOUT:
             self._finish(probe, Failed(f"no answer to the probe within {PROBE_TIMEOUT:.0f} s"))
