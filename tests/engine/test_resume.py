@@ -32,7 +32,8 @@ def slow_model(model_factory):
 
 def body(model: str, stream: bool, seeded: bool, prompt: list[int] = PROMPT) -> dict:
     sampling = {"temperature": 0.9, "seed": 7} if seeded else {"temperature": 0}
-    return {"model": model, "prompt": prompt, "max_tokens": 48, "logprobs": 1, "stream": stream, **sampling}
+    tokens = 48 if stream else 120  # a non-streamed answer must still be running when it is seen in flight
+    return {"model": model, "prompt": prompt, "max_tokens": tokens, "logprobs": 1, "stream": stream, **sampling}
 
 
 def answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
@@ -40,8 +41,13 @@ def answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
     is called after the n-th streamed chunk (the moment a test kills a stage)."""
     url = cluster.base_url + "/v1/completions"
     if not request["stream"]:
-        if on_chunk is not None:
-            threading.Timer(0.3, on_chunk, args=(0,)).start()
+        if on_chunk is not None:  # once the request is in flight (a fixed delay missed a fast answer)
+            def when_in_flight() -> None:
+                wait_until(lambda: requests.get(cluster.base_url + "/health", timeout=5).json()["in_flight"] > 0,
+                           60, 0.005, "the request in flight")
+                on_chunk(0)
+
+            threading.Thread(target=when_in_flight, daemon=True).start()
         r = requests.post(url, json=request, timeout=180)
         assert r.status_code == 200, r.text
         c = r.json()["choices"][0]
