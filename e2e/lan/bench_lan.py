@@ -32,9 +32,9 @@ from e2e.lan.netns import REPO, Lan, LanHost, joined, unavailable
 from e2e.lan.profiles import PROFILES, LinkProfile
 from orchestrator.agent.local_agent import SHARED_HOST_BLAS
 from orchestrator.agent.report import machine_id
+from orchestrator.agent.timing_doubt import profile_doubt
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.predict import StageSpec, predict
-from orchestrator.planner.timing_doubt import profile_doubt
 
 SPLIT = ((0, 14), (15, 29))
 # The "8k" prompt: SmolLM2's 8192-token context must hold the prompt and the generated token.

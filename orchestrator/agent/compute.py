@@ -6,7 +6,7 @@ agent gives its stages (BLAS threads), one model at a time; its answer is kept i
 profile's version, so a replaced model (or a profile from an older engine) is timed again.
 The report lists every cached profile.
 
-A timing the busy-machine rule doubts (planner/timing_doubt.py: the load, rounds that
+A timing the busy-machine rule doubts (agent/timing_doubt.py: the load, rounds that
 disagree, batched steps faster than one row's) is taken again, up to `TRIES` times with a
 pause between; one still doubted after that is kept with its doubt, which the plan card shows.
 """
@@ -27,9 +27,9 @@ from pathlib import Path
 from orchestrator import settings
 from orchestrator.agent.inventory import Inventory
 from orchestrator.agent.perf_schemas import ComputeProfile, ProfileStatus
+from orchestrator.agent.timing_doubt import profile_doubt
 from orchestrator.atomic_write import write_atomically
 from orchestrator.logs import EventLogger
-from orchestrator.planner.timing_doubt import profile_doubt
 from orchestrator.proc.child import parent_death_signal
 
 TIMEOUT_S = 600.0

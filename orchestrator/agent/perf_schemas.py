@@ -103,7 +103,7 @@ class ComputeProfile(BaseModel):
     load: float = 0.0  # the machine's 1-minute load average when the timing started (0: unknown)
     cpus: int = 0  # its CPU count then (0: unknown)
     spread: float = 0.0  # how far the rounds of one timed step disagreed (max / min - 1)
-    doubt: str = ""  # the busy-machine rule's (planner/timing_doubt.py) after the last try; "" trusted
+    doubt: str = ""  # the busy-machine rule's (agent/timing_doubt.py) after the last try; "" trusted
     tries: int = 1  # timings taken (again while doubted, agent/compute.py)
     at: float = 0.0
 

@@ -7,12 +7,12 @@ import time
 from typing import Any
 
 from orchestrator.agent.device_schemas import MEMORY_WORDS
+from orchestrator.agent.timing_doubt import profile_doubt
 from orchestrator.control.measured import missing, timing_node
 from orchestrator.control.selection import plan_label
 from orchestrator.control.state import State
 from orchestrator.planner import Plan
 from orchestrator.planner.facts import free_words
-from orchestrator.planner.timing_doubt import profile_doubt
 from orchestrator.planner.transport import TransportPlan
 from webapp.views.context import ViewContext
 from webapp.views.format import size
@@ -87,7 +87,7 @@ def plan_view(state: State, ctx: ViewContext) -> dict[str, Any]:
 
 def busy_timing(state: State, model_id: str, node_ids: list[str]) -> str:
     """Which selected node's timing of the model's layers the busy-machine rule doubts ("" when
-    none): planner/timing_doubt.py, the rule the agent already timed again by (agent/compute.py).
+    none): agent/timing_doubt.py, the rule the agent already timed again by (agent/compute.py).
     The plan card then says the prediction was measured on a busy machine instead of stating it."""
     said = []
     for nid in node_ids:

@@ -71,7 +71,7 @@ def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None],
                between: Callable[[], Any] | None = None, spreads: dict[str, float] | None = None) -> dict[str, float]:
     """Decode ms at 1 request (solo, base) and at MID_ROWS and `batch` requests (base) for one
     StageModel; `between` runs (untimed) before each timed step. `spreads` gets, per step, how
-    far its rounds disagree (max / min - 1): a busy machine's sign (planner/timing_doubt.py)."""
+    far its rounds disagree (max / min - 1): a busy machine's sign (agent/timing_doubt.py)."""
     import mlx.core as mx
 
     def inputs(rows: int, length: int) -> list[mx.array]:

@@ -1,10 +1,10 @@
-"""The busy-machine rule (planner/timing_doubt.py): when a timing of the layers is doubted."""
+"""The busy-machine rule (agent/timing_doubt.py): when a timing of the layers is doubted."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.planner.timing_doubt import profile_doubt, timing_doubt
+from orchestrator.agent.timing_doubt import profile_doubt, timing_doubt
 
 
 @pytest.mark.parametrize("b1, rows, spread, load, cpus, says", [
