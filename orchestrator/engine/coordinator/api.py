@@ -23,6 +23,7 @@ from orchestrator.engine.coordinator import anthropic_api, responses_api
 from orchestrator.engine.coordinator import openai_schema as oa
 from orchestrator.engine.coordinator.generator import Generator, Piece, wants_logprobs
 from orchestrator.engine.coordinator.health_report import HealthReport
+from orchestrator.engine.coordinator.links import now
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.pipeline import GenerationParams, Pipeline
 from orchestrator.engine.coordinator.prefix_index import system_prompt_end
@@ -100,6 +101,7 @@ class Coordinator:
                             "refusal": next((s.stats["speculation_refused"] for s in h.stages
                                              if s.stats.get("speculation_refused")), None)}
             if self.pipeline.speculative_tokens else None,
+            "pause": pause.report(now()) if (pause := self.pipeline.pauses.record) is not None else None,
         })
         return (200 if h.ready else 503), report.model_dump(mode="json")
 

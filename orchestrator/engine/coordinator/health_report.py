@@ -71,6 +71,22 @@ class SpeculationReport(BaseModel):
     refusal: str | None = None  # the first such stage's reason (StageModel.speculation_refusal)
 
 
+class PauseReport(BaseModel):
+    """The coordinator's last pause (engine/coordinator/pauses.py): the answers it held when a stage was
+    lost, how many resumed and how many were lost, and how long from the hold (its seconds)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str  # random per pause: one pause is never reported for two faults
+    age_s: float  # since the first hold
+    held: int = 0
+    resumed: int = 0
+    lost: int = 0  # a token that differed, the deadline, the client gone, the coordinator stopping
+    settled: bool = False  # every held answer resumed or lost
+    ready_s: float | None = None  # hold -> the pipeline ready again (the resume began)
+    seconds: float | None = None  # hold -> settled
+
+
 class StageReport(BaseModel):
     """How the coordinator sees one stage; the stage's own statistics ride along as extra fields."""
 
@@ -107,11 +123,21 @@ class HealthReport(BaseModel):
     in_flight: int = 0
     stages: tuple[StageReport, ...] = ()
     speculation: SpeculationReport | None = None  # None: the cluster does not speculate
+    pause: PauseReport | None = None  # None: no answer was ever held
+
+    @field_validator("pause", mode="wrap")
+    @classmethod
+    def _odd_pause_is_none(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        # An odd pause record (another version's) loses the record, never the health verdict.
+        try:
+            return handler(value)
+        except ValidationError:
+            return None
 
     def stage(self, stage_id: str) -> StageReport | None:
         """The report of stage `stage_id` ("stage-1"), None if the coordinator does not list it."""
         return next((s for s in self.stages if s.id == stage_id), None)
 
 
-__all__ = ["CONTROL_HEADER", "HealthReport", "PipelineState", "SpeculationReport", "StageCacheReport",
-           "StageProgressReport", "StageReport", "StageState", "control_token"]
+__all__ = ["CONTROL_HEADER", "HealthReport", "PauseReport", "PipelineState", "SpeculationReport",
+           "StageCacheReport", "StageProgressReport", "StageReport", "StageState", "control_token"]

@@ -45,6 +45,7 @@ from orchestrator.engine.coordinator.liveness import (
     Probe,
 )
 from orchestrator.engine.coordinator.metrics import Metrics
+from orchestrator.engine.coordinator.pauses import Pauses
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.coordinator.prompt_caching import PromptCache
 from orchestrator.engine.coordinator.requests import Active, Book, Held
@@ -84,6 +85,7 @@ class Pipeline:
         ]
         # scheduler-thread state: the parts, and what is left of the thread's own
         self.requests = Book()
+        self.pauses = Pauses()  # what became of the answers held across a lost stage (`/health`'s pause)
         self.liveness = Liveness(self.links, Watchdog(len(self.links), stall_timeout(config.cluster.stall_timeout_s)),
                                  canary_interval())
         self.probe = Probe()
@@ -195,6 +197,7 @@ class Pipeline:
     def _fail_all(self, message: str) -> None:
         for a in self.requests.clear():
             self._emit(a.gen, Failed(message))
+            self.pauses.lost(a.gen, now())
         self.speculation.clear()
         self.metrics.set_in_flight(self.requests.public_count())
 
@@ -207,9 +210,11 @@ class Pipeline:
         for a in self.requests.clear():
             if a.internal or a.cancelled or not self.resume_deadline:
                 self._emit(a.gen, Failed(message))
+                self.pauses.lost(a.gen, t)
                 continue
             has = [x for x in (a.tokens or []) + a.replay if x is not None]  # what its client has
             self.requests.held.append(Held(a.gen, has, t, message))
+            self.pauses.held(a.gen, t)
             self._emit(a.gen, Paused(message))
             self.log.info("request.held", request=a.rid, tokens=len(has), reason=message)
         self.speculation.clear()
@@ -219,6 +224,7 @@ class Pipeline:
         """The pipeline is ready again: each held request starts over and first generates again what
         its client has — compared token by token, never sent twice — then goes on."""
         held, self.requests.held = self.requests.held, []
+        self.pauses.resuming(now())
         for h in held:
             self.log.info("request.resuming", tokens=len(h.tokens), held_s=round(now() - h.since, 3))
             replay: list[int | None] = list(h.tokens)
@@ -233,6 +239,7 @@ class Pipeline:
             self.requests.held.remove(h)
             self._emit(h.gen, Failed(message or f"{h.reason}; not resumed within {self.resume_deadline:.0f} s"))
             self.metrics.resumed(False)
+            self.pauses.lost(h.gen, t)
         self.metrics.set_in_flight(self.requests.public_count())
 
     def _replayed(self, a: Active, token: int, last: bool) -> None:
@@ -240,6 +247,7 @@ class Pipeline:
         expected = a.replay.pop(0)
         if expected is not None and token != expected:
             self.metrics.resumed(False)
+            self.pauses.lost(a.gen, now())
             self._finish(a, Failed(f"resuming after a lost stage, the pipeline generated token {token} where the "
                                    f"answer has {expected}: it cannot go on exactly", 500))
             return
@@ -248,6 +256,7 @@ class Pipeline:
         a.next_token = token
         if not a.replay:
             self.metrics.resumed(True)
+            self.pauses.resumed(a.gen, now())
             self.log.info("request.resumed", request=a.rid, tokens=a.generated)
             if "resume-repeat" in self.faults.kinds:
                 self._emit(a.gen, TokenEvent(token, 0.0))  # test-only: a token sent twice
@@ -282,6 +291,7 @@ class Pipeline:
         `replay`: a resumed request, with the tokens its client has (generated again first, not sent)."""
         if not internal and self._state != "ready":
             self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
+            self.pauses.lost(gen, now())
             return
         # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
         # a canary in flight must not turn the one allowed request away; a resumed one was counted
@@ -296,6 +306,7 @@ class Pipeline:
             a.replay = list(replay)
             if not a.replay:  # lost in its prefill: nothing to generate again
                 self.metrics.resumed(True)
+                self.pauses.resumed(gen, now())
         rid, first = a.rid, [a.opened]
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
         # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
@@ -375,6 +386,7 @@ class Pipeline:
         if a is None or a.gen is not gen:
             if self.requests.release(gen):  # held, and its client left: its slot is free at once
                 self.metrics.set_in_flight(self.requests.public_count())
+                self.pauses.lost(gen, now())
             return
         if a.rid in self.requests.ready:
             self.requests.ready.remove(a.rid)
@@ -479,6 +491,8 @@ class Pipeline:
     def _finish(self, a: Active, event: Finished | Failed | None, save: bool = True) -> None:
         self.requests.close(a.rid)
         self.speculation.forget(a.rid)
+        if a.replay:  # it ends before it caught up with its client (gone, or a token that differed)
+            self.pauses.lost(a.gen, now())
         if event is not None:
             self._emit(a.gen, event)
         if a.canary:
