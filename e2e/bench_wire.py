@@ -19,7 +19,7 @@ from pathlib import Path
 FAMILIES = ("llama", "gemma4_text", "gemma3n", "hunyuan", "rwkv7", "talkie", "kimi_k3", "deepseek_v41")
 # DeepSeek-V4.1's frames depend on the position (a compressed entry every `ratio` tokens, top-k picks
 # and candidate flags that grow with the context): its rows average STEPS decode steps from the prompt's
-# end against the planner's per-token figure at each of those positions (engine/hyper_layout.py).
+# end against the planner's per-token figure at each of those positions (models/boundaries.py).
 STEPS = 8
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 
@@ -46,11 +46,13 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
     """(family, boundary, planned, measured) bytes per decoded token, header included."""
     import mlx.core as mx
 
-    from orchestrator.engine import hyper_layout, wire
+    from orchestrator.engine import wire
     from orchestrator.engine.stage.carry import Carry
     from orchestrator.engine.stage.shard import StageModel
     from orchestrator.engine.tensors import to_frame
-    from orchestrator.models.decoder_config import decoder_view
+    from orchestrator.families import hyper_layout
+    from orchestrator.families.decoder_config import decoder_view
+    from orchestrator.models.boundaries import hyper_wire_bytes_per_token
     from orchestrator.models.describe import describe_model
     from orchestrator.planner.memory import wire_bytes_per_token
     from orchestrator.testmodels.families import build_family_model
@@ -76,8 +78,8 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
                 sent += len(wire.encode(frame))
             if family == hyper_layout.FAMILY:
                 view = decoder_view(json.loads((model_dir / "config.json").read_text()))
-                planned = sum(hyper_layout.wire_bytes_per_token(view, b, len(PROMPT) + i, description.hidden_size,
-                                                                description.dtype_bytes) for i in range(steps)) / steps
+                planned = sum(hyper_wire_bytes_per_token(view, b, len(PROMPT) + i, description.hidden_size,
+                                                      description.dtype_bytes) for i in range(steps)) / steps
             else:
                 planned = wire_bytes_per_token(description, b)
             rows.append((family, b, round(planned + wire.HEADER_SIZE), round(sent / steps)))
@@ -86,13 +88,14 @@ def measured_rows(root: Path) -> list[tuple[str, int, int, int]]:
 
 def published_rows() -> list[tuple[str, int, int]]:
     """(shape, boundary, planned bytes per token with the header) at a few boundaries."""
-    from orchestrator.engine import support, wire
-    from orchestrator.models.describe import _boundary_bytes
+    from orchestrator.engine import wire
+    from orchestrator.families import support
+    from orchestrator.models.boundaries import boundary_bytes
 
     out = []
     for name, cfg in PUBLISHED.items():
         n = cfg["num_hidden_layers"]
-        per = _boundary_bytes(cfg, n, cfg["hidden_size"], 2)
+        per = boundary_bytes(cfg, n, cfg["hidden_size"], 2)
         refused = support.shared_kv_cuts(cfg)
         for b in sorted({1, n // 4, n // 4 + 1, n // 2 - 1, n // 2 + 1} - set(refused)):
             out.append((name, b, per[b - 1] + wire.HEADER_SIZE))

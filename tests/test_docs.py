@@ -2,7 +2,7 @@
 
 The README is the front door: short, every command in it, every link resolving. The
 reference pages are checked against the registries they describe: the family table against
-`engine/support.py`, the environment variables against `orchestrator/settings.py`, the
+`families/support.py`, the environment variables against `orchestrator/settings.py`, the
 cluster TOML example against the engine's own parser, the Python samples against the code.
 """
 
@@ -19,7 +19,7 @@ import pytest
 from orchestrator import settings
 from orchestrator.cli import COMMANDS
 from orchestrator.engine.config import load_config
-from orchestrator.engine.support import ALIASES, FAMILIES
+from orchestrator.families.support import ALIASES, FAMILIES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -107,7 +107,7 @@ def _family_table() -> set[str]:
 def test_the_family_table_equals_the_support_registry() -> None:
     documented, registered = _family_table(), set(FAMILIES) | set(ALIASES)
     assert documented == registered, (f"in docs/families.md only: {sorted(documented - registered)}; "
-                                      f"in engine/support.py only: {sorted(registered - documented)}")
+                                      f"in families/support.py only: {sorted(registered - documented)}")
 
 
 def test_the_readme_counts_the_families() -> None:

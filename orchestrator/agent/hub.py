@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from orchestrator import settings
 from orchestrator.agent.jobs import DownloadError
 from orchestrator.agent.names import InvalidName, check_relpath
-from orchestrator.engine.support import unsupported_reason
+from orchestrator.families.support import unsupported_reason
 
 MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KB; the preview reads at most this much
 

@@ -22,9 +22,9 @@ from orchestrator.agent.copy.blocks import hash_file
 from orchestrator.agent.names import MAX_DEPTH, InvalidName, check_model_id, check_relpath
 from orchestrator.agent.schemas import CheckResult, FileEntry, Manifest, ModelInfo
 from orchestrator.atomic_write import write_atomically
-from orchestrator.engine.support import ALIASES, unsupported_reason
+from orchestrator.families.decoder_config import HIDDEN_KEYS, ModelConfigError, decoder_view, first_int, layer_count
+from orchestrator.families.support import ALIASES, unsupported_reason
 from orchestrator.logs import EventLogger
-from orchestrator.models.decoder_config import HIDDEN_KEYS, ModelConfigError, decoder_view, first_int, layer_count
 from orchestrator.models.describe import ModelDescriptionError, describe_model
 
 CHUNK = 1 << 20  # hashing block

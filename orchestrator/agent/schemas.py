@@ -124,7 +124,7 @@ class ModelInfo(BaseModel):
     reason: str | None = None  # why it is not usable as MLX, when mlx_format is false
     model_type: str | None = None
     family: str | None = None  # first of config.json "architectures", e.g. LlamaForCausalLM
-    # The engine's support registry (orchestrator/engine/support.py): supported means it is
+    # The engine's support registry (orchestrator/families/support.py): supported means it is
     # an MLX directory of a family, format and quantization the split engine serves exactly;
     # otherwise unsupported_reason says why (or, for a directory that is not MLX at all, reason).
     supported: bool = False

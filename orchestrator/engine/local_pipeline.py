@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from orchestrator import settings
-from orchestrator.models.decoder_config import decoder_view, layer_count
+from orchestrator.families.decoder_config import decoder_view, layer_count
 from orchestrator.proc import ChildError, ChildProcess, free_port
 
 

@@ -19,23 +19,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from orchestrator.engine import hyper_layout
-from orchestrator.engine.support import (
-    PER_LAYER_INPUTS,
-    boundary_tensors,
-    family_of,
-    hidden_shape,
-    shared_kv_cuts,
-    unsupported_reason,
-)
-from orchestrator.engine.wire import named_directory_bytes
-from orchestrator.models.decoder_config import (
+from orchestrator.families.decoder_config import (
     HIDDEN_KEYS,
     ModelConfigError,
     decoder_view,
     layer_count,
     read_config_file,
 )
+from orchestrator.families.support import PER_LAYER_INPUTS, family_of, shared_kv_cuts, unsupported_reason
+from orchestrator.models.boundaries import boundary_bytes, received_cache_bytes
 from orchestrator.models.kv import LayerCache, layer_caches
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -110,7 +102,7 @@ class ModelDescription(BaseModel):
     name: str  # the directory name, for messages
     model_type: str
     architecture: str | None  # first of config.json "architectures", e.g. LlamaForCausalLM
-    # Why the engine cannot serve the model exactly (orchestrator.engine.support), or None.
+    # Why the engine cannot serve the model exactly (orchestrator.families.support), or None.
     unsupported_reason: str | None = None
     num_layers: int
     hidden_size: int
@@ -146,7 +138,7 @@ class ModelDescription(BaseModel):
     boundary_bytes: tuple[int, ...] = ()
     # Cache bytes per token that the stage starting at boundary b (index b - 1) keeps of what it
     # receives there (DeepSeek-V4.1's compressed K/V entries, appended to its first layer's
-    # cache: engine/hyper_layout.py). Empty: none.
+    # cache: families/hyper_layout.py). Empty: none.
     received_cache_bytes: tuple[int, ...] = ()
 
     @property
@@ -409,8 +401,8 @@ def describe_model(model_dir: str | Path) -> ModelDescription:
         weight_files=tuple(files),
         layer_caches=caches,
         refused_boundaries=tuple(sorted(shared_kv_cuts(cfg))),
-        boundary_bytes=_boundary_bytes(cfg, num_layers, hidden, DTYPE_BYTES[dtype]),
-        received_cache_bytes=_received_cache(cfg, num_layers, DTYPE_BYTES[dtype]),
+        boundary_bytes=boundary_bytes(cfg, num_layers, hidden, DTYPE_BYTES[dtype]),
+        received_cache_bytes=received_cache_bytes(cfg, num_layers, DTYPE_BYTES[dtype]),
     )
 
 
@@ -442,36 +434,3 @@ def _ranges(indices: list[int]) -> str:
             start = prev = i
     return ", ".join(out)
 
-
-# The position at which a boundary's bytes per token are reported, where they depend on it
-# (DeepSeek-V4.1's top-k picks and candidate flags grow with the context): the planner's
-# default context length.
-WIRE_POSITION = 4096
-
-
-def _received_cache(cfg: dict[str, Any], num_layers: int, dt: int) -> tuple[int, ...]:
-    """Cache bytes per token the stage starting at each boundary keeps of what it receives
-    (ModelDescription.received_cache_bytes); () when no family's stage keeps any."""
-    if family_of(cfg) != hyper_layout.FAMILY:
-        return ()
-    view = decoder_view(cfg)
-    return tuple(hyper_layout.received_bytes_per_token(view, b, dt) for b in range(1, num_layers))
-
-
-def _boundary_bytes(cfg: dict[str, Any], num_layers: int, hidden: int, dt: int) -> tuple[int, ...]:
-    """Wire bytes per token at each boundary (ModelDescription.boundary_bytes); () when every
-    boundary carries the hidden state alone."""
-    out = []
-    if family_of(cfg) == hyper_layout.FAMILY:  # DeepSeek-V4.1: its residual streams and shared state, at WIRE_POSITION
-        view = decoder_view(cfg)
-        for b in range(1, num_layers):
-            out.append(round(hyper_layout.wire_bytes_per_token(view, b, WIRE_POSITION, hidden, dt)))
-        return tuple(out)
-    for b in range(1, num_layers):
-        extras = boundary_tensors(cfg, b)
-        if not extras:
-            out.append(hidden * dt)
-            continue
-        shapes = {"h": (1, 1, *hidden_shape(cfg, hidden)), **{k: (1, 1, *v) for k, v in extras.items()}}
-        out.append(sum(math.prod(v) for v in shapes.values()) * dt + named_directory_bytes(shapes))
-    return tuple(out) if any(x != hidden * dt for x in out) else ()

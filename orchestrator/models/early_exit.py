@@ -18,7 +18,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from orchestrator.models.decoder_config import decoder_facts, read_config_file
+from orchestrator.families.decoder_config import decoder_facts, read_config_file
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",

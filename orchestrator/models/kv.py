@@ -3,7 +3,7 @@
 Each family's rule mirrors its mlx-lm `make_cache()` (which layer gets a KVCache, a
 RotatingKVCache, an ArraysCache or a CacheList) and its attention module (how many key /
 value heads of what width it stores). The kinds and their byte formulas live in
-kv_layers.py. The rules are checked against the caches mlx-lm really builds
+families/kv_layers.py. The rules are checked against the caches mlx-lm really builds
 (tests/planner/test_memory_families.py, tests/models/test_kv.py).
 
 Imports neither mlx nor the planner, so describe.py can call it for the agent's report.
@@ -14,9 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.engine.support import family_of
-from orchestrator.models.kv_classic import RULES as CLASSIC_RULES
-from orchestrator.models.kv_layers import (
+from orchestrator.families.kv_layers import (
     FLOAT32,
     NONE,
     CacheKind,
@@ -32,6 +30,8 @@ from orchestrator.models.kv_layers import (
     short_conv_state,
     sliding,
 )
+from orchestrator.families.support import family_of
+from orchestrator.models.kv_classic import RULES as CLASSIC_RULES
 
 __all__ = ["FLOAT32", "CacheKind", "LayerCache", "layer_caches"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.models.kv_layers import (
+from orchestrator.families.kv_layers import (
     FLOAT32,
     LayerCache,
     attention,

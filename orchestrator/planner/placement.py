@@ -13,7 +13,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from orchestrator.engine import support
+from orchestrator.families import support
 from orchestrator.planner.balance import Split, min_max_split
 from orchestrator.planner.facts import NodeFacts
 from orchestrator.planner.memory import StageCosts

@@ -123,7 +123,7 @@ def verify_step_ms(stage: StageSpec, positions: int) -> float:
 
 def stepwise_step_ms(stage: StageSpec, positions: int) -> float:
     """One request's verification chunk of `positions` on a stage of a family that verifies one position
-    at a time (engine/support.py STEPWISE): that many one-row steps, nothing batched, in one frame."""
+    at a time (families/support.py STEPWISE): that many one-row steps, nothing batched, in one frame."""
     overhead = stage.timing.step_overhead_ms(1, stage.last)
     return positions * (verify_step_ms(stage, 1) - overhead) + overhead
 
@@ -263,7 +263,7 @@ def predict(stages: Sequence[StageSpec], links: Sequence[LinkCost], hidden_bytes
     """The whole prediction for one placement. `links` has one entry per stage (see decode_ms_1);
     `speculative_tokens` > 0: also what speculative decoding gains (speculation_gain.py), with the
     replay of partly accepted passes when `replays` (a family whose caches cannot trim), verified one
-    position at a time when `stepwise` (engine/support.py STEPWISE)."""
+    position at a time when `stepwise` (families/support.py STEPWISE)."""
     if len(links) != len(stages) or not stages:
         raise ValueError(f"{len(stages)} stages need {len(stages)} links (the last one back to the coordinator)")
     ms1, compute = decode_ms_1(stages, links, hidden_bytes)

@@ -18,7 +18,7 @@ class RefusalCode(StrEnum):
     TOO_FEW_NODES = "too_few_nodes"
     DUPLICATE_NODE = "duplicate_node"
     NOT_MLX_FORMAT = "not_mlx_format"
-    UNSUPPORTED_MODEL = "unsupported_model"  # the engine cannot serve it exactly (engine/support.py)
+    UNSUPPORTED_MODEL = "unsupported_model"  # the engine cannot serve it exactly (families/support.py)
     MIXED_ACCELERATORS = "mixed_accelerators"
     MIXED_ENGINE_VERSIONS = "mixed_engine_versions"
     MIXED_BACKENDS = "mixed_backends"  # mlx's metal / cuda / cpu backend, or its wheel, differ

@@ -13,7 +13,7 @@ back by replaying its accepted positions in front of the next step (engine/stage
 runs accepted + 2 rows instead of one. The replay's price is added for each pass that does not accept
 every draft (taken as 1 - a^d, drafts accepted independently), at the pass's mean accepted count.
 
-A family whose chunk of positions is not its decode steps (PLaMo 3: engine/support.py STEPWISE) verifies
+A family whose chunk of positions is not its decode steps (PLaMo 3: families/support.py STEPWISE) verifies
 one position at a time: a pass of d drafts costs every stage d + 1 one-row steps (nothing batched, so the
 pass saves the hops and the coordinator's turns, not compute) plus one hop per boundary, and its replay
 r more one-row steps (predict.stepwise_step_ms); the plan's timing note says so. DeepSeek-V4.1, split or

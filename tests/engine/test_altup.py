@@ -11,9 +11,9 @@ import json
 import mlx.core as mx
 import pytest
 
-from orchestrator.engine import support
 from orchestrator.engine.stage import stand_ins
 from orchestrator.engine.stage.shard import StageModel
+from orchestrator.families import support
 from tests.support.engine_harness import assert_same, reference, split_in_process
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]

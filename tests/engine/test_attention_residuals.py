@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from orchestrator.engine import support
 from orchestrator.engine.stage import carry
 from orchestrator.engine.stage.shard import StageModel
+from orchestrator.families import support
 from tests.support.engine_harness import assert_same, reference, split_in_process
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]

@@ -20,9 +20,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from orchestrator.engine import support
 from orchestrator.engine.stage import stand_ins as stubs
 from orchestrator.engine.stage.shard import ShardError, StageModel
+from orchestrator.families import support
 from orchestrator.testmodels.families import FAMILIES
 from tests.support import matrix
 from tests.support.engine_harness import InTestCoordinator, assert_same, reference, split_in_process

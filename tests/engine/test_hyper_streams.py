@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 through a split: its residual streams, their pre-mix and the state its layers share
 (compressed K/V, index keys, top-k picks, candidate blocks) cross each boundary as mlx-lm's own
 pipeline lays them out (engine/stage/hyper_streams.py); the pure copy of those rules that the
-agent and the planner use (engine/hyper_layout.py) agrees with mlx-lm's; and the comparison with
+agent and the planner use (families/hyper_layout.py) agrees with mlx-lm's; and the comparison with
 single-process mlx-lm fails when any one part does not arrive."""
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models import deepseek_v41 as family
 
-from orchestrator.engine import hyper_layout, wire
+from orchestrator.engine import wire
 from orchestrator.engine.stage import hyper_streams, stand_ins
 from orchestrator.engine.stage.carry import Carry
 from orchestrator.engine.stage.shard import StageModel
 from orchestrator.engine.tensors import to_frame
-from orchestrator.models.decoder_config import decoder_view
+from orchestrator.families import hyper_layout
+from orchestrator.families.decoder_config import decoder_view
+from orchestrator.models.boundaries import hyper_wire_bytes_per_token
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import PlanSettings
 from orchestrator.planner.memory import StageCosts
@@ -162,7 +164,7 @@ def test_the_planned_wire_bytes_are_the_frames_a_stage_sends(family_model, bound
     cache = stage.make_cache()
     mx.eval(stage.forward(mx.array([PROMPT]), cache).h)
     measured = sum(_frame_bytes(stage, cache, 40 + i, PROMPT[i]) for i in range(8))
-    planned = sum(hyper_layout.wire_bytes_per_token(view, boundary, 40 + i, 64, 4) for i in range(8))
+    planned = sum(hyper_wire_bytes_per_token(view, boundary, 40 + i, 64, 4) for i in range(8))
     assert measured == planned + 8 * wire.HEADER_SIZE
 
 

@@ -22,7 +22,7 @@ import requests
 from orchestrator import logs
 from orchestrator.agent.inventory import Inventory
 from orchestrator.engine.config import parse_layers
-from orchestrator.models.decoder_config import ModelConfigError, decoder_facts
+from orchestrator.families.decoder_config import ModelConfigError, decoder_facts
 from orchestrator.planner import Plan, PlanSettings, plan_cluster
 from orchestrator.testmodels.families import FAMILIES, build_family_model
 from tests.support.builders import GB, facts_for

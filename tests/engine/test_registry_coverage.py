@@ -14,8 +14,8 @@ import pytest
 
 from orchestrator import logs
 from orchestrator.agent.inventory import Inventory
-from orchestrator.engine import support
 from orchestrator.engine.stage.shard import ShardError, StageModel
+from orchestrator.families import support
 from orchestrator.planner import PlanSettings, Refusal, plan_cluster
 from orchestrator.testmodels.families import FAMILIES, build_family_model
 from tests.support.builders import GB, facts_for

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.engine.support import shared_kv_cuts
 from orchestrator.engine.wire import named_directory_bytes
-from orchestrator.models.decoder_config import read_config_file
+from orchestrator.families.decoder_config import read_config_file
+from orchestrator.families.support import shared_kv_cuts
 from orchestrator.models.describe import describe_model
 from orchestrator.planner import Plan, PlanSettings, Refusal, RefusalCode, plan_cluster
 from orchestrator.testmodels.families import build_family_model

@@ -91,7 +91,7 @@ def test_the_prediction_prices_the_replay_on_every_stage_without_a_hop():
 def test_a_plan_of_a_family_that_refuses_speculation_predicts_none_and_says_why(monkeypatch):
     """No family of mlx-lm 0.32.2 refuses (support.SPECULATION_REFUSED is empty); one that did would
     predict none, and the timing note would give its reason."""
-    from orchestrator.engine import support
+    from orchestrator.families import support
     from orchestrator.planner import PlanSettings, plan_cluster
     from tests.support.builders import facts
     from tests.support.planner_inputs import llama
@@ -128,7 +128,7 @@ def test_a_stepwise_pass_costs_every_stage_d_plus_one_one_row_steps_and_one_hop(
 def test_plans_of_plamo3_verify_step_by_step_and_of_deepseek_v41_split_replay():
     """PLaMo 3 speculates (its pass priced as one-row steps, and the timing note says so); DeepSeek-V4.1
     split across nodes speculates as a family whose windows replay."""
-    from orchestrator.models.kv_layers import LayerCache
+    from orchestrator.families.kv_layers import LayerCache
     from orchestrator.planner import PlanSettings, plan_cluster
     from tests.support.builders import facts
     from tests.support.planner_inputs import llama
@@ -149,7 +149,7 @@ def test_plans_of_plamo3_verify_step_by_step_and_of_deepseek_v41_split_replay():
 
 
 def test_a_plan_of_a_windowed_model_prices_the_replay():
-    from orchestrator.models.kv_layers import LayerCache
+    from orchestrator.families.kv_layers import LayerCache
     from orchestrator.planner import PlanSettings, plan_cluster
     from tests.support.builders import facts
     from tests.support.planner_inputs import llama

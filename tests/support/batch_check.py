@@ -24,8 +24,8 @@ def check(model_dir: Path, layers: int) -> dict[str, object]:
     """Decode STEPS tokens for three requests, solo and batched; compare every log-prob vector."""
     import mlx.core as mx
 
-    from orchestrator.engine import support
     from orchestrator.engine.stage.shard import StageModel, read_config
+    from orchestrator.families import support
 
     cut, refused = layers // 2, support.shared_kv_cuts(read_config(model_dir))
     while cut in refused:  # a boundary between KV-shared layers and their sources is refused: cut earlier

@@ -16,11 +16,11 @@ import mlx.core as mx
 import numpy as np
 
 from orchestrator import logs
-from orchestrator.engine import support
 from orchestrator.engine.config import load_config
 from orchestrator.engine.coordinator.pipeline import Failed, Finished, GenerationParams, Pipeline, TokenEvent
 from orchestrator.engine.local_pipeline import LocalPipeline
 from orchestrator.engine.stage.shard import ModelInfo, StageModel
+from orchestrator.families import support
 from orchestrator.proc import WaitTimeout, wait_until
 
 TOP = 5

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.engine.support import unsupported_reason
+from orchestrator.families.support import unsupported_reason
 from orchestrator.models.describe import DTYPE_BYTES, ModelDescription
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 from orchestrator.planner.transport import InterfaceFact

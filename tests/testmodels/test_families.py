@@ -13,7 +13,7 @@ import mlx.core as mx
 import pytest
 from tokenizers import Tokenizer
 
-from orchestrator.models.decoder_config import layer_count
+from orchestrator.families.decoder_config import layer_count
 from orchestrator.testmodels.families import FAMILIES, build_family_model
 from tests.support import matrix
 

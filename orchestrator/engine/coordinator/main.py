@@ -13,9 +13,9 @@ from orchestrator.engine.coordinator.draft_model import DraftModel, DraftModelEr
 from orchestrator.engine.coordinator.health_report import HealthReport, control_token
 from orchestrator.engine.parent_watch import watch_parent
 from orchestrator.engine.stage.faults import Faults
+from orchestrator.families.decoder_config import ModelConfigError, read_decoder_facts
 from orchestrator.httpkit import App, Limits, OpenAIError, Server, route
 from orchestrator.httpkit.server import bound
-from orchestrator.models.decoder_config import ModelConfigError, read_decoder_facts
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

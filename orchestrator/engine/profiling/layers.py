@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator import settings
-from orchestrator.engine import support
+from orchestrator.families import support
 
 CONTEXT = 32  # tokens in each cache before decode steps are timed
 REPEATS = 5

@@ -22,9 +22,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from orchestrator.engine.hyper_layout import FAMILY
 from orchestrator.engine.stage.carry import Carry, join, positions
 from orchestrator.engine.tensors import Expected
+from orchestrator.families.hyper_layout import FAMILY
 
 STREAMS_MIX = "pre_mix"  # the NAMED frame's name of the pre-mix; the streams are its `h`
 

@@ -30,10 +30,10 @@ from typing import Any, Callable
 
 from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, RotatingKVCache, can_trim_prompt_cache
 
-from orchestrator.engine import support
 from orchestrator.engine.stage.batch import restore, snapshot
 from orchestrator.engine.stage.carry import EveryPosition
 from orchestrator.engine.stage.prompt_cache import trim_exactly
+from orchestrator.families import support
 
 REPLAY_MAX = 32  # positions one forward may replay in front of its own before the replay runs on its own
 

@@ -19,7 +19,6 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import load_model
 
-from orchestrator.engine import support
 from orchestrator.engine.stage.batch import (
     BatchUnavailable,
     RowCaches,
@@ -53,7 +52,8 @@ from orchestrator.engine.stage.stand_ins import (
     Skip,
     keep_readable,
 )
-from orchestrator.models.decoder_config import ModelConfigError, decoder_facts, decoder_view, read_config_file
+from orchestrator.families import support
+from orchestrator.families.decoder_config import ModelConfigError, decoder_facts, decoder_view, read_config_file
 
 
 @dataclass(frozen=True)

@@ -109,9 +109,9 @@ def test_prefill_is_timed_on_as_many_layers_as_the_budget_allows(ms, most, expec
 def test_a_family_that_refuses_some_cuts_is_timed_at_cuts_it_allows(family, tmp_path):
     """Gemma 4 and AFM keep their KV-shared layers on their source's stage (support.shared_kv_cuts):
     the profile's body and tail end and begin where a split may, instead of failing there."""
-    from orchestrator.engine import support
     from orchestrator.engine.profiling.layers import allowed_cut
     from orchestrator.engine.stage.shard import read_config
+    from orchestrator.families import support
     from orchestrator.testmodels.families import build_family_model
 
     model = build_family_model(tmp_path / family, family)

@@ -13,7 +13,7 @@ what a `state` layer holds. A layer whose cache is a CacheList of a growing cach
 constant one (Falcon-H1: attention and Mamba2 in parallel) is an `attention` layer with
 `state_bytes` too: the kind says how it grows, the bytes add up.
 
-kv.py decides which layer keeps what per family; this module only does the arithmetic, so
+models/kv.py decides which layer keeps what per family; this module only does the arithmetic, so
 both stay readable. Neither imports mlx.
 """
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engine.family_names import FAMILIES  # the served families (re-exported: support.FAMILIES)
-from orchestrator.models.decoder_config import decoder_view
+from orchestrator.families.decoder_config import decoder_view
+from orchestrator.families.names import FAMILIES  # the served families (re-exported: support.FAMILIES)
 
 # The one kind of adapter: families whose attention uses the keys it fetched from the cache
 # itself instead of handing them to mlx-lm's shared attention (gemma2's soft-capped scores,

@@ -1,8 +1,9 @@
 """What crosses DeepSeek-V4.1's stage boundaries, from config.json alone (pure: no MLX).
 
-The stage itself uses mlx-lm's own `_crossing` and `_layout` (stage/hyper_streams.py); the
+The stage itself uses mlx-lm's own `_crossing` and `_layout` (engine/stage/hyper_streams.py); the
 agent's report and the planner, which must not import MLX, use this copy of their rules
-(tests/engine/test_hyper_streams.py checks it against mlx-lm's on several layouts):
+(tests/engine/test_hyper_streams.py checks it against mlx-lm's on several layouts). What the
+NAMED frame around these tensors adds is the wire's, counted in models/boundaries.py:
 
 * a layer with a compression ratio reads the compressed K/V of the last compressing source
   layer at or before it; an indexer layer reads the index keys of the last layer that is both a
@@ -20,8 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engine.wire import named_directory_bytes
-from orchestrator.models.kv_layers import get as _get  # config.json's value, or the default when missing or null
+from orchestrator.families.kv_layers import get as _get  # config.json's value, or the default when missing or null
 
 FAMILY = "deepseek_v41"  # the family whose boundaries these rules describe
 
@@ -85,20 +85,6 @@ def wire_parts(view: dict[str, Any], boundary: int, position: int, hidden: int, 
         else:
             out[key] = (3, 4 * min(int(_get(view, "index_topk", 512)), _index_keys(view, source, end)))
     return out
-
-
-def wire_bytes_per_token(view: dict[str, Any], boundary: int, position: int, hidden: int, dtype_bytes: int) -> float:
-    """What one decoded token at `position` costs on the wire at `boundary`, beyond the frame
-    header: its tensors (`wire_parts`) and the NAMED frame's directory, whose entry for a
-    compressed part is there only in the steps that close a group (an empty tensor is not sent)."""
-    parts = wire_parts(view, boundary, position, hidden, dtype_bytes)
-    ratios = list(_get(view, "compress_ratios", []))
-    sources = crossing(view, boundary)
-    total = named_directory_bytes({})
-    for key, (rank, size) in parts.items():
-        share = 1 / int(ratios[sources[key]]) if key in ("compress_kv", "index_k") else 1
-        total += size + share * (named_directory_bytes({key: (1,) * rank}) - named_directory_bytes({}))
-    return total
 
 
 def received_bytes_per_token(view: dict[str, Any], boundary: int, dtype_bytes: int) -> int:
