@@ -118,6 +118,10 @@ CANARY_INTERVAL_S = Setting("PIPESERVE_CANARY_INTERVAL_S", positive_float, 5.0,
 RESUME_DEADLINE_S = Setting("PIPESERVE_RESUME_DEADLINE_S", non_negative_float, 60.0,
                             "seconds an answer in flight waits, paused, for a lost stage's replacement before it "
                             "fails (0: it fails at once)")
+PREFILL_BATCH = Setting("PIPESERVE_PREFILL_BATCH", one_of("exact", "batched"), "exact",
+                        "how the coordinator prefills concurrent requests: `exact` one after another, bit for bit "
+                        "mlx-lm's generate_step; `batched` together in one batched step per chunk (within "
+                        "float rounding, docs/benchmark.md#batched-prefill)")
 PARENT_PID = Setting("PIPESERVE_PARENT_PID", positive_int, None,
                      "set by an agent for its engine processes: they stop when that process is gone", "none")
 FAULTS = Setting("PIPESERVE_FAULTS", text, "",
@@ -167,7 +171,7 @@ XDG_CACHE_HOME = Setting("XDG_CACHE_HOME", path, None, "base of the default down
 
 ALL: tuple[Setting, ...] = (
     CLUSTER_SECRET, BLAS, STAGE_THREADS, SOLO_THREADS, STALL_TIMEOUT_S, CANARY_INTERVAL_S, RESUME_DEADLINE_S,
-    PARENT_PID, FAULTS,
+    PREFILL_BATCH, PARENT_PID, FAULTS,
     HTTP_MAX_CONNECTIONS, HTTP_HEADER_TIMEOUT, HTTP_IDLE_TIMEOUT, HTTP_BODY_TIMEOUT, HTTP_WRITE_TIMEOUT,
     LOG_MAX_BYTES, LOG_FILE, FOLLOW_DEADLINE_S, CACHE, ROUTER_ADMIN_TOKEN, STEP_TRACE, TIMING_TRIES, CHROMIUM,
     FULL_MATRIX,

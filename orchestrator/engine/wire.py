@@ -82,6 +82,7 @@ class Flag(enum.IntFlag):
     SOLO = 4    # no other work is in flight: a stage may use every core of its host
     NAMED = 8   # a FORWARD frame whose payload is several named tensors (`named_payload`)
     RUN = 16    # a RESULT of a verification pass that another RESULT of the same pass follows
+    BATCH = 32  # a prefill chunk a stage may run in one batched forward with its group's other BATCH chunks
 
     # IntFlag's own & and | build their result through the enum machinery, microseconds each and
     # several per frame of every step: these look it up (the table holds every valid combination).
@@ -99,7 +100,7 @@ def _flag(value: int) -> Flag:
     return found if found is not None else enum.IntFlag.__new__(Flag, value)  # unknown bits: IntFlag's own
 
 
-_FLAGS = Flag(sum(int(f) for f in (Flag.SAMPLE, Flag.MORE, Flag.SOLO, Flag.NAMED, Flag.RUN)))
+_FLAGS = Flag(sum(int(f) for f in (Flag.SAMPLE, Flag.MORE, Flag.SOLO, Flag.NAMED, Flag.RUN, Flag.BATCH)))
 # Table lookups for the header's enums: an Enum call by value costs microseconds per frame.
 _KIND_OF = {int(k): k for k in Kind}
 _DTYPE_OF = {int(d): d for d in DType}

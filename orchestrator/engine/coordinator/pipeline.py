@@ -46,6 +46,7 @@ from orchestrator.engine.coordinator.liveness import (
 )
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.pauses import Pauses
+from orchestrator.engine.coordinator.prefill_batch import PrefillBatch, aligned_steps, batched_mode
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.coordinator.prompt_caching import PromptCache
 from orchestrator.engine.coordinator.requests import Active, Book, Held
@@ -77,6 +78,8 @@ class Pipeline:
         self.speculative_tokens = config.cluster.speculative_tokens
         # how long an answer in flight waits, paused, for a lost stage's replacement (0: it fails at once)
         self.resume_deadline = settings.RESUME_DEADLINE_S.read()
+        # concurrent requests' prefills one after another (exact) or together (batched: prefill_batch.py)
+        self.prefills = PrefillBatch(batched_mode())
         self.faults = faults or Faults()  # test-only: a resume that is not exact (resume-repeat/-drop/-reseed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # C put/get: a cheaper hand-off per token
         self.links = [
@@ -155,6 +158,8 @@ class Pipeline:
                     self._deliver()
                     return
                 self._handle(item)
+                if self._inbox.empty():  # a burst of submissions is one batch (prefill_batch.py)
+                    self._send_prefills()
                 self._deliver()
             self._tick()
             self._deliver()
@@ -307,6 +312,10 @@ class Pipeline:
             if not a.replay:  # lost in its prefill: nothing to generate again
                 self.metrics.resumed(True)
                 self.pauses.resumed(gen, now())
+        if self.prefills.batched and not internal and replay is None:
+            self.prefills.wait(a)  # sent with the others that arrive meanwhile (`_send_prefills`)
+            self.metrics.set_in_flight(self.requests.public_count())
+            return a
         rid, first = a.rid, [a.opened]
         # Prefill prompt[:-1] in chunks (cache only), then the last token samples: generate_step's order.
         # A prompt-cache hit starts after the reused prefix, as mlx-lm's server does with its cache.
@@ -350,6 +359,33 @@ class Pipeline:
         checkpoint could keep (the checkpoint is taken there)."""
         marks = {m for m in gen.marks if self.cache.needs_checkpoint(m)}
         return prefill_chunks(len(gen.prompt), start, self.prefill_step, marks)
+
+    def _send_prefills(self) -> None:
+        """Batched prefill: the waiting requests' prefill chunks as equal-length steps of one group each
+        (flagged BATCH: every stage runs a step as one forward), then their first decode steps together
+        (prefill_batch.py). Nothing while the batch before still owes a first token."""
+        members = self.prefills.take(self.requests.active)
+        if not members:
+            return
+        solo = self._solo(len(members))
+        starts = {a.rid: (a.reuse.keep if a.reuse else 0) for a in members}
+        steps = aligned_steps([(a.rid, self._chunks(a.gen, starts[a.rid])) for a in members])
+        first = [a.opened for a in members]
+        for step in steps:
+            frames = first + [tokens_frame(c.rid, c.start, self.requests.active[c.rid].gen.prompt[c.start:c.end],
+                                           solo | Flag.BATCH) for c in step]
+            for c in (c for c in step if c.checkpoint):
+                gen = self.requests.active[c.rid].gen
+                frames.append(json_frame(Kind.CACHE, {"snapshot": c.rid, "as": self.cache.add(gen.prompt[:c.end],
+                                                                                               "system", gen.scope),
+                                                      "tokens": c.end, **self.prompt_cache.disk_part(
+                                                          gen.prompt[:c.end], "system", gen.scope)}))
+            if not self._send(0, frames):
+                return
+            first = []
+        for a in members:
+            a.position, a.next_token = len(a.gen.prompt) - 1, a.gen.prompt[-1]
+        self._launch(members, first)
 
     def _solo(self, members: int) -> Flag:
         """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage

@@ -188,6 +188,10 @@ class StageModel:
         # cannot be batched exactly (batch.py); then one request at a time, still exact.
         self.batchable = True
         self.batch_refusal: str | None = None
+        # Prefill chunks the coordinator flags BATCH (PIPESERVE_PREFILL_BATCH=batched), the same way:
+        # refused on its own (a recurrent state not yet made), leaving decode batching as it is.
+        self.chunks_batchable = True
+        self.chunks_refusal: str | None = None
         self._read_after_layers = support.READ_AFTER_LAYERS.get(family)
 
     @property
@@ -295,6 +299,24 @@ class StageModel:
             except Exception as exc:  # noqa: BLE001 (nothing was evaluated: restore and run the rows one by one)
                 restore(caches, saved)
                 self.batchable, self.batch_refusal = False, f"{type(exc).__name__}: {exc}"
+        return [self.forward(x, c) for x, c in zip(xs, caches)]
+
+    def forward_chunks(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
+        """Prefill chunks of one length for several requests, as one forward where the family allows.
+
+        Each request keeps its own cache (attention row by row, as for decode rows), but the
+        projections and MLP run over [B, L] rows at once, which a BLAS rounds differently from
+        [1, L]: the result is the one-at-a-time result within float rounding, not bit for bit
+        (docs/benchmark.md#batched-prefill). A refused step restores every cache and runs the
+        chunks one by one; later ones too (`chunks_refusal` says why).
+        """
+        if self.chunks_batchable:
+            saved = snapshot(caches)
+            try:
+                return self._forward_rows(xs, caches)
+            except Exception as exc:  # noqa: BLE001 (nothing was evaluated: restore and run the rows one by one)
+                restore(caches, saved)
+                self.chunks_batchable, self.chunks_refusal = False, f"{type(exc).__name__}: {exc}"
         return [self.forward(x, c) for x, c in zip(xs, caches)]
 
     def _forward_rows(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:

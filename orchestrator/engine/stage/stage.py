@@ -79,6 +79,8 @@ class Stage:
         self.faults = Faults.for_node(node.id)
         self.prompt_cache = StageCache(self.faults, disk_tier(config, model, log))  # entries the index names
         self._batch_refusal_logged = False
+        self._chunks_refusal_logged = False
+        self._batched_chunks = 0  # prefill chunks run in a batched forward (the PONG's batched_chunks)
         self.current_threads = self.base_threads
         self.progress: Progress | None = None  # written by the MLX thread, read by readers' PONGs
         self._recent_ms: deque[float] = deque(maxlen=RECENT_STEPS)  # the last steps' times (the slowest is published)
@@ -284,6 +286,7 @@ class Stage:
                 self._batch_refusal_logged = True
                 self.log.warning("batch.unavailable", reason=model.batch_refusal,
                                  detail="decode steps now run one request at a time (still exact)")
+        self._batch_chunks(work, hs)
         hs = [s.rewind.forward(model.forward, x, s.cache) if h is None else h for (_, s, x), h in zip(work, hs)]
         for (f, s, x), _h in zip(work, hs):
             s.rewind.ran(f.position, s.draft is not None)  # a verification chunk may be rolled back
@@ -327,6 +330,28 @@ class Stage:
             self._mark("sent")
         return []
 
+    def _batch_chunks(self, work: list[tuple[Frame, RequestState, Any]], hs: list[Any]) -> None:
+        """Prefill chunks flagged BATCH (PIPESERVE_PREFILL_BATCH=batched) run as one forward per length,
+        filling `hs`; the rest stay None (one by one). Only plain chunks: no sampling, no draft, no
+        replay in front (rewind.py)."""
+        by_length: dict[int, list[int]] = {}
+        for i, (f, s, x) in enumerate(work):
+            if (hs[i] is None and f.flags & Flag.BATCH and not f.flags & Flag.SAMPLE and s.draft is None
+                    and s.rewind.drop == 0 and not s.rewind.stepwise):
+                by_length.setdefault(int(x.shape[1]), []).append(i)
+        model = self.model
+        for rows in by_length.values():
+            if len(rows) < 2 or not model.chunks_batchable:
+                continue
+            for i, h in zip(rows, model.forward_chunks([work[i][2] for i in rows], [work[i][1].cache for i in rows])):
+                hs[i] = h
+            if model.chunks_batchable:
+                self._batched_chunks += len(rows)
+            elif not self._chunks_refusal_logged:
+                self._chunks_refusal_logged = True
+                self.log.warning("batch.unavailable", reason=model.chunks_refusal,
+                                 detail="prefill chunks now run one request at a time")
+
     def _verify(self, f: Frame, s: RequestState, logits: mx.array) -> list[Frame]:
         """The RESULTs of a verification chunk: the accepted drafts plus one, all but the last flagged RUN."""
         draft, s.draft = s.draft or [], None
@@ -350,7 +375,8 @@ class Stage:
         ema = ms if self.stats.steps == 0 else 0.9 * self.stats.step_ms + 0.1 * ms
         self._recent_ms.append(ms)
         self.stats = replace(self.stats, requests=len(self.requests), steps=self.stats.steps + 1, step_ms=ema,
-                             batch=batch, max_batch=max(batch, self.stats.max_batch), slowest_ms=max(self._recent_ms))
+                             batch=batch, max_batch=max(batch, self.stats.max_batch), slowest_ms=max(self._recent_ms),
+                             batched_chunks=self._batched_chunks)
 
     def _publish(self) -> None:
         s = self.stats
@@ -373,7 +399,7 @@ class Stage:
 __all__ = ["Stage"]
 
 
-_PASSED = Flag.SAMPLE | Flag.SOLO  # the flags of an input frame its output frame downstream keeps
+_PASSED = Flag.SAMPLE | Flag.SOLO | Flag.BATCH  # the flags of an input frame its output frame downstream keeps
 
 
 def _named(f: Frame, h: Carry) -> Frame:

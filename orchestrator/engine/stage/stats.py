@@ -29,6 +29,7 @@ class StageStats:
     weight_bytes: int = 0
     extra: dict = field(default_factory=dict)
     slowest_ms: float = 0.0  # the longest of its last RECENT_STEPS steps: the watchdog's sense of "slow"
+    batched_chunks: int = 0  # prefill chunks run in a batched forward (PIPESERVE_PREFILL_BATCH=batched)
 
     def as_json(self) -> dict:
         """The PONG payload."""
@@ -36,6 +37,7 @@ class StageStats:
             "stage": self.stage, "layers": [self.layers[0], self.layers[1] - 1], "requests": self.requests,
             "steps": self.steps, "step_ms": round(self.step_ms, 3), "batch": self.batch,
             "max_batch": self.max_batch, "slowest_ms": round(self.slowest_ms, 3),
+            "batched_chunks": self.batched_chunks,
             "rss_bytes": self.rss_bytes, "weight_bytes": self.weight_bytes, **self.extra,
         }
 
