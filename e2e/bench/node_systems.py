@@ -229,11 +229,15 @@ class Pipeserve(Server):
     key, label = "pipeserve", "pipeserve, 2 stages × 1 core"
 
     def __init__(self, model_dir: Path, model_name: str, cores: list[int], workdir: Path,
-                 splits: list[tuple[int, int]], cluster: dict[str, object] | None = None, lan: Any = None) -> None:
+                 splits: list[tuple[int, int]], cluster: dict[str, object] | None = None, lan: Any = None,
+                 batched: bool = False) -> None:
         from e2e.bench.procs import PipelineSystem
 
         self.cores, self.model_name = cores, model_name
         env = {"OPENBLAS_NUM_THREADS": "1", "PIPESERVE_BLAS": "openblas"}
+        if batched:  # concurrent prompts prefilled together (PIPESERVE_PREFILL_BATCH, prefill_batch.py)
+            env["PIPESERVE_PREFILL_BATCH"] = "batched"
+            self.key, self.label = "batched", "pipeserve, batched prefill, 2 stages × 1 core"
         # prompt cache off: every measurement is a cold prefill (prompts are unique as well)
         cluster = {"prompt_cache_bytes": 0, **(cluster or {})}
         if lan is None:

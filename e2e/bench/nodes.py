@@ -93,8 +93,9 @@ class NodeBench:
     """Run the emulated-node benchmark for one model at a time."""
 
     def __init__(self, sizes: Sizes, workdir: Path, peers: bool = True, lan: Any = None,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, batched: bool = False) -> None:
         self.sizes, self.workdir, self.peers, self.lan, self.log = sizes, workdir, peers, lan, log
+        self.batched = batched  # also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests
         self.cores = node_cores(2)
 
     def start(self, model: str, model_dir: Path, run: ModelRun) -> list[Server]:
@@ -106,6 +107,9 @@ class NodeBench:
             ("pipeserve", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve", run.splits,
                                                  lan=self.lan)),
         ]
+        if self.batched:
+            makers.append(("batched", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve-batched",
+                                                        run.splits, lan=self.lan, batched=True)))
         if self.peers and family(model) == "qwen2":
             makers.append(("mlxpipe", lambda: MlxPipeline(model_dir, model, self.cores, work)))
         elif self.peers:
@@ -150,17 +154,18 @@ class NodeBench:
                 complete(s.port, s.model_name, prompts.make(32), 4, s.host)
                 concurrent(s.port, s.model_name, [prompts.make(16) for _ in range(4)], 4, s.host)
                 s.idle()
+            alone = [s.key for s in systems if s.key != "batched"]  # one request: the same path either way
             metrics: list[tuple[str, list[str], Callable[[Server], float]]] = [
-                ("ttft", [s.key for s in systems],
+                ("ttft", alone,
                  lambda s: complete(s.port, s.model_name, prompts.make(sz.ttft_tokens), 1, s.host).ttft),
-                ("decode1", [s.key for s in systems],
+                ("decode1", alone,
                  lambda s: complete(s.port, s.model_name, prompts.make(24), sz.long_answer, s.host).decode_rate),
             ]
             for c in CONCURRENCY:
                 metrics.append((f"agg{c}", [s.key for s in systems], lambda s, c=c: throughput(concurrent(
                     s.port, s.model_name, [prompts.make(sz.prompt_tokens) for _ in range(c)], sz.short_answer,
                     s.host))))
-                metrics.append((f"long{c}", ["pipeserve"], lambda s, c=c: decode_aggregate(concurrent(
+                metrics.append((f"long{c}", ["pipeserve", "batched"], lambda s, c=c: decode_aggregate(concurrent(
                     s.port, s.model_name, [prompts.make(24) for _ in range(c)], sz.long_answer, s.host))))
             for r in range(sz.rounds):
                 order = systems[r % len(systems):] + systems[: r % len(systems)]

@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--short-answer", type=int, help="tokens per concurrent answer (default 24, quick 16)")
     p.add_argument("--long-answer", type=int, help="decode ×1 and long answers (default 64, quick 32)")
     p.add_argument("--no-peers", action="store_true", help="skip mlx-lm's pipeline")
+    p.add_argument("--prefill-batch", action="store_true",
+                   help="also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests (a row beside exact)")
     p.add_argument("--link", default="", help="pipeserve's stages in network namespaces joined by this emulated "
                    "link (e2e/lan/profiles.py; root only); the peers stay on loopback")
     p.add_argument("--out", help="also write the Markdown report here")
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--link {args.link}: {unavailable() or f'choose from {list(PROFILES)}'}")
             lan = around.enter_context(Lan(PROFILES[args.link], 2))
             around.enter_context(joined(lan.control))  # this thread, its threads and children talk over the bridge
-        bench = NodeBench(sz, Path(args.workdir).resolve(), peers=not args.no_peers, lan=lan)
+        bench = NodeBench(sz, Path(args.workdir).resolve(), peers=not args.no_peers, lan=lan,
+                           batched=args.prefill_batch)
         print(f"bench: 2 emulated nodes = cores {bench.cores} of {info['nproc']} ({info['cpu']}); load {load0}")
         runs = [bench.run_model(m, paths[m]) for m in models]
     link = f"; pipeserve over the emulated {args.link} link" if args.link else ""

@@ -67,7 +67,8 @@ def verdict(values: list[float], ok: Callable[[float], bool]) -> str:
 
 
 def info_rows(run: ModelRun) -> list[tuple[str, list[float]]]:
-    """Ratios shown without a target: the peers against one node, TTFT against mlx-lm's pipeline."""
+    """Ratios shown without a target: the peers against one node, TTFT against mlx-lm's pipeline, and
+    (--prefill-batch) pipeserve's batched prefill against one node and against its exact default."""
     get = run.results.get
     rows = []
     if "mlxpipe" in run.results:
@@ -77,6 +78,15 @@ def info_rows(run: ModelRun) -> list[tuple[str, list[float]]]:
                              ("agg8", "aggregate ×8")):
             rows.append((f"(info) mlx-lm's pipeline ÷ one node, {what}",
                          paired_ratio(get("mlxpipe", {}).get(metric, []), get("node", {}).get(metric, []))))
+    if "batched" in run.results:
+        for c in CONCURRENCY:
+            rows.append((f"(info) batched prefill ÷ one node's batched, aggregate ×{c}",
+                         paired_ratio(get("batched", {}).get(f"agg{c}", []), get("node", {}).get(f"agg{c}", []))))
+            rows.append((f"(info) batched prefill ÷ exact (pipeserve's default), aggregate ×{c}",
+                         paired_ratio(get("batched", {}).get(f"agg{c}", []), get("pipeserve", {}).get(f"agg{c}", []))))
+            rows.append((f"(info) batched prefill ÷ exact, ×{c} long answers",
+                         paired_ratio(get("batched", {}).get(f"long{c}", []),
+                                      get("pipeserve", {}).get(f"long{c}", []))))
     return rows
 
 
