@@ -122,6 +122,10 @@ def event_lines(old: State, new: State, event: ev.Event) -> list[Line]:
             s = new.session(sid)
             return [(info, "session.recovered", {"session": sid, "seconds": round(event.seconds, 2),
                                                  "reason": s.reason if s else ""})]
+        case ev.RequestsResumed(session_id=sid, resumed=r):
+            return [(warn if r.lost else info, "session.requests_resumed",
+                     {"session": sid, "fault": event.fault, "held": r.held, "resumed": r.resumed, "lost": r.lost,
+                      "seconds": r.seconds})]
         case ev.HealthChanged(session_id=sid):
             return [(info if event.health != "Unhealthy" else warn, "session.health",
                      {"session": sid, "health": event.health, "phase": event.phase, "reason": event.reason})]

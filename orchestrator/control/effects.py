@@ -129,7 +129,7 @@ class EffectRunner:
 
     def _recover(self, s: Session, cancel: threading.Event) -> None:
         """One recovery attempt (after its backoff); reports SessionRecovered or RecoveryFailed."""
-        from orchestrator.control.recovery import Recovery, elapsed_since
+        from orchestrator.control.recovery import Recovery, elapsed_since, follow_resume
         from orchestrator.control.timelines import backoff
 
         if cancel.wait(backoff(s.recovery_attempt)):
@@ -152,6 +152,8 @@ class EffectRunner:
             seconds = elapsed_since(fault.at)
             self.log.info("session.recovered", session=s.id, processes=",".join(fault.processes), seconds=seconds)
             self.ports.post(ev.SessionRecovered(session_id=s.id, seconds=seconds))
+            if "coordinator" not in fault.processes:  # a new coordinator held nothing: its clients left with the old
+                follow_resume(s, fault, secret, self.ports.post, self.ports.clock, cancel)
 
     def _prepare(self, effect: RunPreparation) -> None:
         from orchestrator.control.preparer import prepare

@@ -72,6 +72,7 @@ from orchestrator.control.state import (
     PostMortem,
     Preparation,
     PreviewedPlan,
+    ResumedRequests,
     Sample,
     Session,
     Settings,
@@ -303,6 +304,20 @@ class SessionRecovered(Event):
     session_id: str
     seconds: float  # from the fault being seen to Healthy again
     detail: str = ""
+
+
+class RequestsResumed(Event):
+    """After a recovery, the coordinator's record of the answers it held meanwhile (its `/health`
+    pause): the fault seen at `fault_at` gains them, and its recovery (numbered `fault` in the timeline,
+    as its steps were) a step."""
+
+    kind: Literal["requests_resumed"] = "requests_resumed"
+    persisted: ClassVar[bool] = True
+    touches: ClassVar[frozenset[str]] = frozenset({*SESSION_VIEWS})
+    session_id: str
+    fault: int
+    fault_at: float  # which fault (its `at`: the numbers shift once the oldest faults are dropped)
+    resumed: ResumedRequests
 
 
 class HealthChanged(Event):

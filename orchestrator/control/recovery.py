@@ -27,6 +27,11 @@ holding the model has room, a node that has room copies it first from the nodes 
 (`stage_copy.py`: verified peer copy, its progress a step of the attempt). The old
 node's agent, should it come back, stops its stale stage when the lease the control plane
 no longer renews runs out.
+
+Once the session serves again, the answers the coordinator held while the stage was gone resume
+(docs/recovery.md); `follow_resume` reads the coordinator's record of that pause (`/health`'s
+`pause`) until every held answer went on or ended, and posts it (`RequestsResumed`): the recovery's
+last timeline step and the fault's line in the Faults tab.
 """
 
 from __future__ import annotations
@@ -44,10 +49,12 @@ from orchestrator.control.coordinator_client import CoordinatorClient
 from orchestrator.control.launcher import Launcher, LaunchFailed, Post, Timeouts
 from orchestrator.control.process_ends import ended as process_ended
 from orchestrator.control.session_toml import cluster_toml
-from orchestrator.control.state import PostMortem, Session, StageStatus, State
+from orchestrator.control.state import Fault, PostMortem, ResumedRequests, Session, StageStatus, State
 from orchestrator.control.timelines import backoff, ordered, recovery_steps, stage_moved, step_prefix
+from orchestrator.engine.coordinator.health_report import PauseReport
 from orchestrator.engine.stage_address import request_body
 from orchestrator.planner.cluster_toml import engine_address
+from orchestrator.proc import Clock, WaitTimeout, wait_until
 from orchestrator.registrar import Registrar, RegistrarError
 
 if TYPE_CHECKING:
@@ -57,6 +64,14 @@ ROUTE_TIMEOUT_S = 10.0  # the coordinator answers at once; only a frozen one tak
 
 STOP_GRACE_S = 1.0  # the process is broken: no long goodbye (a wedged one never answers SIGTERM)
 LOG_LINES = 30
+# A pause begins when the coordinator loses the stage, a moment before the watcher sees the fault
+# (it long-polls /health); one that began earlier than this belongs to an earlier fault.
+PAUSE_SLACK_S = 30.0
+# Held answers resume by generating again what their clients had, at decode speed: a long answer
+# takes a while (docs/recovery.md, measured). The follow gives up after this long.
+FOLLOW_RESUME_S = 600.0
+FOLLOW_INTERVAL_S = 0.5
+HEALTH_TIMEOUT_S = 5.0
 
 
 class Recovery:
@@ -265,6 +280,42 @@ class Recovery:
             raise LaunchFailed(process, f"the coordinator refused the new address ({r.status_code}): {r.text[:200]}")
 
 
+def fault_pause(pause: PauseReport | None, seen_s_ago: float, reported: set[str]) -> PauseReport | None:
+    """The coordinator's pause that belongs to a fault seen `seen_s_ago` seconds ago (pure): it began
+    at most PAUSE_SLACK_S before the fault was seen, held an answer, and no other fault reported it.
+    None: nothing was held for this fault (the coordinator had nothing in flight)."""
+    if pause is None or pause.held == 0 or pause.id in reported or pause.age_s > seen_s_ago + PAUSE_SLACK_S:
+        return None
+    return pause
+
+
+def follow_resume(s: Session, fault: Fault, secret: str, post: Post, clock: Clock, cancel: threading.Event) -> None:
+    """After a recovery of `fault` (the session's last), read the coordinator's pause until every held
+    answer went on or ended, then post it (`RequestsResumed`); nothing when nothing was held, the
+    follow is cancelled, or it outlasts FOLLOW_RESUME_S."""
+    client = CoordinatorClient(s.url, secret)
+    reported = {f.resumed.pause for f in s.faults if f.resumed is not None}
+
+    def settled_pause() -> tuple[PauseReport | None] | None:  # truthy once there is an answer
+        if cancel.is_set():
+            return (None,)
+        look = client.health(HEALTH_TIMEOUT_S)
+        if look.report is None:  # busy: asked again; silent: gone again (a new fault), nothing to follow
+            return None if look.answered else (None,)
+        pause = fault_pause(look.report.pause, clock.time() - fault.at, reported)
+        return (pause,) if pause is None or pause.settled else None
+
+    try:
+        (pause,) = wait_until(settled_pause, FOLLOW_RESUME_S, FOLLOW_INTERVAL_S, "the held answers resumed",
+                              clock=clock)
+    except WaitTimeout:
+        return
+    if pause is not None and not cancel.is_set():
+        post(ev.RequestsResumed(session_id=s.id, fault=len(s.faults), fault_at=fault.at, resumed=ResumedRequests(
+            pause=pause.id, held=pause.held, resumed=pause.resumed, lost=pause.lost, seconds=pause.seconds,
+            ready_s=pause.ready_s)))
+
+
 def settled(before: PostMortem, stopped: ProcessInfo | None) -> PostMortem:
     """The post-mortem with the exit the stop observed (pure): a look taken before the stop may
     see a process still running that was in fact dying (a `kill -9` not yet reaped); the stop's
@@ -294,4 +345,5 @@ def elapsed_since(wall_time: float) -> float:
     return max(0.0, time.time() - wall_time)
 
 
-__all__ = ["Recovery", "backoff", "ordered", "recovery_steps", "stage_moved", "step_prefix"]
+__all__ = ["Recovery", "backoff", "fault_pause", "follow_resume", "ordered", "recovery_steps", "stage_moved",
+           "step_prefix"]

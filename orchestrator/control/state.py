@@ -141,6 +141,18 @@ class PostMortem(_Frozen):
 FaultOutcome = Literal["recovering", "recovered", "stopped"]
 
 
+class ResumedRequests(_Frozen):
+    """What became of the answers the coordinator held while a fault's process was replaced (its pause,
+    engine/coordinator/pauses.py): how many it held, resumed and lost, and how long it took."""
+
+    pause: str  # the coordinator's id of the pause: never reported for two faults
+    held: int
+    resumed: int
+    lost: int
+    seconds: float | None = None  # the stage's loss -> every held answer went on or ended
+    ready_s: float | None = None  # the stage's loss -> the pipeline ready again (the resume began)
+
+
 class Fault(_Frozen):
     """One fault of a session and what became of it (kept in the session, shown in its drawer)."""
 
@@ -152,6 +164,7 @@ class Fault(_Frozen):
     recovery_s: float | None = None  # seen -> Healthy again
     post_mortems: tuple[PostMortem, ...] = ()
     relaunch: bool = False  # the whole session started again in launch order (found gone after a restart)
+    resumed: ResumedRequests | None = None  # the answers in flight it paused (None: none, or not known yet)
 
 
 class Sample(_Frozen):

@@ -11,7 +11,7 @@ does I/O or imports a module that does (tests/control/test_purity.py).
 from __future__ import annotations
 
 from orchestrator.control import events as ev
-from orchestrator.control.state import Session, Step
+from orchestrator.control.state import ResumedRequests, Session, Step
 from orchestrator.units import format_bytes, format_rate
 
 BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0)  # before attempt 1, 2, 3, ...; covers an agent restarting
@@ -87,6 +87,21 @@ def recovery_steps(session: Session, processes: tuple[str, ...], fault_number: i
                                                                "registered; the router answered 503 + Retry-After "
                                                                "meanwhile)"))
     return tuple(steps)
+
+
+def resumed_step(fault_number: int, r: ResumedRequests) -> Step:
+    """The step that ends recovery `fault_number`: what became of the answers in flight the coordinator
+    held meanwhile ("Recovery 1: 3 requests resumed, 0 lost"), with how long the pause lasted (pure)."""
+    requests = "request" if r.resumed == 1 else "requests"
+    times = []
+    if r.seconds is not None:
+        times.append(f"{r.seconds:.1f} s from the stage's loss until every held answer went on or ended")
+    if r.ready_s is not None:
+        times.append(f"the pipeline ready again after {r.ready_s:.1f} s")
+    held = f"{r.held} held" + (f"; {'; '.join(times)}" if times else "")
+    return Step(key=f"recovery-{fault_number}.resumed", label=f"Recovery {fault_number}: {r.resumed} {requests} "
+                                                              f"resumed, {r.lost} lost",
+                state="done" if not r.lost else "failed", detail=held)
 
 
 def relaunch_steps(session: Session, processes: tuple[str, ...], fault_number: int,

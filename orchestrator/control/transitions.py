@@ -15,7 +15,7 @@ from orchestrator.control.download_events import (
     apply_download,
 )
 from orchestrator.control.state import SAMPLES, CopyCheck, Fault, Node, Preparation, Session, Settings, State
-from orchestrator.control.timelines import copy_started, recovery_steps, stage_moved
+from orchestrator.control.timelines import copy_started, recovery_steps, resumed_step, stage_moved
 from orchestrator.control.timing_events import LayerTimingChanged, apply_timing
 
 HISTORY = 5  # ended sessions kept for the monitor
@@ -77,6 +77,18 @@ def _recovered(s: Session, e: ev.SessionRecovered) -> Session:
     return s.model_copy(update={"phase": "running", "health": "Healthy", "recovery_attempt": 0,
                                 "faults": _last_fault(s, outcome="recovered", recovery_s=round(e.seconds, 2)),
                                 "reason": f"{done} in {e.seconds:.1f} s" + (f" ({e.detail})" if e.detail else "")})
+
+
+def _requests_resumed(s: Session, e: ev.RequestsResumed) -> Session:
+    """The fault seen at `e.fault_at` gains what became of the answers held during its recovery, and
+    the recovery a step saying so; an unknown fault, one that has them already, or a pause another
+    fault reported changes nothing."""
+    fault = next((f for f in s.faults if f.at == e.fault_at), None)
+    if fault is None or fault.resumed is not None or \
+            any(f.resumed is not None and f.resumed.pause == e.resumed.pause for f in s.faults):
+        return s
+    faults = tuple(f.model_copy(update={"resumed": e.resumed}) if f is fault else f for f in s.faults)
+    return s.model_copy(update={"faults": faults, "timeline": _with_steps(s, (resumed_step(e.fault, e.resumed),))})
 
 
 def _replace_node(state: State, node_id: str, **changes: object) -> State:
@@ -226,6 +238,8 @@ def _apply(state: State, event: ev.Event) -> State:
             if s is None or s.phase != "recovering":
                 return state
             return _replace_session(state, sid, lambda s: _recovered(s, event))
+        case ev.RequestsResumed(session_id=sid):
+            return _replace_session(state, sid, lambda s: _requests_resumed(s, event))
         case ev.HealthChanged(session_id=sid, health=health, phase=phase, reason=reason):
             return _replace_session(state, sid, lambda s: s.model_copy(
                 update={"health": health, "phase": phase, "reason": reason}))

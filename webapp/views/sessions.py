@@ -110,10 +110,20 @@ def _fault_row(f: Fault, cluster: bool = True) -> dict[str, Any]:
                "stopped": "cluster stopped" if cluster else "session stopped", "recovering": "recovering"}[f.outcome]
     return {"at": time.strftime("%H:%M:%S", time.localtime(f.at)) if f.at else "", "reason": f.reason,
             "outcome": outcome, "state": f.outcome, "attempts": f.attempts,
-            "processes": ", ".join(f.processes) or "–",
+            "processes": ", ".join(f.processes) or "–", "resumed": resumed_text(f),
             "post_mortems": [{"process": m.process, "node": m.node_name, "ended": m.ended,
                               "progress": progress_text(m.progress), "log": "\n".join(m.log_tail)}
                              for m in f.post_mortems]}
+
+
+def resumed_text(f: Fault) -> str:
+    """What became of the answers in flight during a fault's recovery, as its Faults line says it
+    ("3 requests resumed, 0 lost in 12.3 s"); "" when nothing was held or it is not known yet (pure)."""
+    r = f.resumed
+    if r is None:
+        return ""
+    text = f"{r.resumed} {'request' if r.resumed == 1 else 'requests'} resumed, {r.lost} lost"
+    return text + (f" in {r.seconds:.1f} s" if r.seconds is not None else "")
 
 
 def session_row(s: Session) -> dict[str, Any]:
