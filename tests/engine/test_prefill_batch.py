@@ -9,6 +9,7 @@ exact mode, whose bit-identity `test_exactness.py` keeps.
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from orchestrator.engine.coordinator.prefill_batch import PREFILL_ROWS, Chunk, PrefillBatch, aligned_steps
 from orchestrator.engine.coordinator.prefix_index import prefill_chunks
@@ -94,9 +95,9 @@ def test_stage_batched_chunks_are_close_to_one_at_a_time(model_factory):
         assert mx.abs(a - b).max().item() < LOGPROB_TOLERANCE
 
 
-def _served(model, launch, monkeypatch, mode: str):
+def _served(model, launch, monkeypatch, mode: str, max_batch: int = 16):
     monkeypatch.setenv("PIPESERVE_PREFILL_BATCH", mode)
-    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16)
+    cluster = launch(model, [(0, 1), (2, 3)], coordinator=False, prefill_step_size=16, max_batch=max_batch)
     coord = InTestCoordinator(cluster)
     try:
         coord.wait_ready()
@@ -108,10 +109,11 @@ def _served(model, launch, monkeypatch, mode: str):
         coord.stop()
 
 
-def test_batched_prefill_is_taken_and_close_to_mlx_lm(model_factory, launch, monkeypatch):
+@pytest.mark.parametrize("max_batch", [16, 2])  # 2: a batch's first decode steps go as several micro-batches
+def test_batched_prefill_is_taken_and_close_to_mlx_lm(model_factory, launch, monkeypatch, max_batch):
     model = model_factory()
     expected = [reference(model, p, 12, prefill_step=16) for p in PROMPTS]
-    traces, batched_chunks, batches = _served(model, launch, monkeypatch, "batched")
+    traces, batched_chunks, batches = _served(model, launch, monkeypatch, "batched", max_batch)
     for exp, got in zip(expected, traces):
         assert got.tokens == exp.tokens
         for a, b in zip(exp.logprobs, got.logprobs):

@@ -385,7 +385,8 @@ class Pipeline:
             first = []
         for a in members:
             a.position, a.next_token = len(a.gen.prompt) - 1, a.gen.prompt[-1]
-        self._launch(members, first)
+        for i in range(0, len(members), self.max_batch):  # their first decode steps: micro-batches as ever
+            self._launch(members[i:i + self.max_batch], first if i == 0 else None)
 
     def _solo(self, members: int) -> Flag:
         """SOLO when nothing else is in flight: co-located stages may then use all cores (a stage
