@@ -7,7 +7,8 @@ and the agent and the planner had a smaller loop through the busy-machine rule. 
 - `orchestrator/families/` imports no other module of the project: every package may read a
   family's rules there, so the family facts can never close a loop between two of them;
 - no top-level package of `orchestrator/` (nor `webapp/`) imports, directly or through others, one
-  that imports it back.
+  that imports it back; nor does a module of families/, models/ or planner/ inside its package
+  (engine/ and control/ have their own such tests).
 
 Read from the source alone (AST, no import), counting imports inside functions and those made only
 for type checking, which hide a loop without removing it.
@@ -37,7 +38,8 @@ def _modules(root: Path) -> Iterator[tuple[str, Path]]:
 
 
 def _imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
-    """(line, dotted name) of every project module or name `path` imports, relative imports resolved."""
+    """(line, dotted name) of every project module or name `path` imports, relative imports resolved
+    (`from a.b import c` gives a.b.c: the module c, or the name c in a.b)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
@@ -45,7 +47,7 @@ def _imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            names = [f"{base}.{a.name}" if base else a.name for a in node.names] if base in TOPS else [base]
+            names = [f"{base}.{a.name}" if base else a.name for a in node.names]  # a module, or a name in one
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         else:
@@ -92,12 +94,31 @@ def package_cycle(root: Path) -> str | None:
     return "; ".join(f"{a} -> {b} ({witness[a, b]})" for a, b in zip(found, found[1:], strict=False))
 
 
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Which module of one top-level package imports which other module of it (a package's own
+    `__init__` is not an import of its own modules)."""
+    modules = {m: p for m, p in _modules(root) if package_of(m) == package}
+
+    def target(name: str) -> str | None:  # the module an import of `name` loads: the longest known prefix
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {t for _, n in _imports(m, p) if (t := target(n)) and t != m and not m.startswith(t + ".")}
+            for m, p in modules.items()}
+
+
 def test_the_families_package_imports_no_other_package_of_the_project() -> None:
     assert foreign_imports(ROOT) == []
 
 
 def test_no_two_top_level_packages_import_each_other() -> None:
     assert package_cycle(ROOT) is None
+
+
+@pytest.mark.parametrize("package", ["families", "models", "planner"])  # engine's and control's: their own tests
+def test_no_module_of_a_package_imports_one_that_imports_it_back(package: str) -> None:
+    assert _cycle(module_graph(ROOT, package)) is None
 
 
 def test_engine_models_planner_and_agent_read_the_family_facts() -> None:
@@ -142,3 +163,12 @@ def test_a_loop_between_packages_is_found(tmp_path: Path, back: str, loop: str |
                              "orchestrator/models/describe.py": "x = 1\n" + back})
     found = package_cycle(root)
     assert (found is None) if loop is None else (found is not None and loop in found), found
+
+
+def test_a_loop_between_modules_of_a_package_is_found(tmp_path: Path) -> None:
+    root = _write(tmp_path, {"orchestrator/__init__.py": "", "orchestrator/families/__init__.py": "",
+                             "orchestrator/families/support.py": "from orchestrator.families.names import FAMILIES\n",
+                             "orchestrator/families/names.py": "def late():\n    from . import support\n"})
+    assert _cycle(module_graph(root, "families")) is not None
+    (root / "orchestrator/families/names.py").write_text("FAMILIES = {}\n")
+    assert _cycle(module_graph(root, "families")) is None
