@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 
 import pytest
 import requests
 
-from orchestrator.engine.local_pipeline import LocalPipeline
-from orchestrator.proc import wait_until
+from tests.support.resume import Killer, answer, chat_answer, held_tokens, ready
 
 PROMPT = [(i * 37 + 11) % 500 for i in range(40)]
 
@@ -34,80 +32,6 @@ def body(model: str, stream: bool, seeded: bool, prompt: list[int] = PROMPT) -> 
     sampling = {"temperature": 0.9, "seed": 7} if seeded else {"temperature": 0}
     tokens = 48 if stream else 120  # a non-streamed answer must still be running when it is seen in flight
     return {"model": model, "prompt": prompt, "max_tokens": tokens, "logprobs": 1, "stream": stream, **sampling}
-
-
-def answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
-    """Text, token log-probs, finish reason and usage of one completion, streamed or not; `on_chunk(n)`
-    is called after the n-th streamed chunk (the moment a test kills a stage)."""
-    url = cluster.base_url + "/v1/completions"
-    if not request["stream"]:
-        if on_chunk is not None:  # once the request is in flight (a fixed delay missed a fast answer)
-            def when_in_flight() -> None:
-                wait_until(lambda: requests.get(cluster.base_url + "/health", timeout=5).json()["in_flight"] > 0,
-                           60, 0.005, "the request in flight")
-                on_chunk(0)
-
-            threading.Thread(target=when_in_flight, daemon=True).start()
-        r = requests.post(url, json=request, timeout=180)
-        assert r.status_code == 200, r.text
-        c = r.json()["choices"][0]
-        return {"text": c["text"], "logprobs": c["logprobs"]["token_logprobs"], "tokens": c["logprobs"]["tokens"],
-                "finish": c["finish_reason"], "usage": r.json()["usage"]["completion_tokens"]}
-    out = {"text": "", "logprobs": [], "tokens": [], "finish": None, "usage": None, "done": False}
-    with requests.post(url, json={**request, "stream_options": {"include_usage": True}}, stream=True,
-                       timeout=180) as r:
-        assert r.status_code == 200, r.text
-        n = 0
-        for line in r.iter_lines():
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:]
-            if data == b"[DONE]":
-                out["done"] = True
-                break
-            event = json.loads(data)
-            assert "error" not in event, event
-            if event.get("usage"):
-                out["usage"] = event["usage"]["completion_tokens"]
-            for c in event.get("choices", []):
-                out["text"] += c.get("text", "")
-                if c.get("logprobs"):
-                    out["logprobs"] += c["logprobs"]["token_logprobs"]
-                    out["tokens"] += c["logprobs"]["tokens"]
-                out["finish"] = c.get("finish_reason") or out["finish"]
-            n += 1
-            if on_chunk is not None:
-                on_chunk(n)
-    assert out.pop("done"), "the stream ended without [DONE]"
-    return out
-
-
-class Killer:
-    """`on_chunk` that kills `stage` once `at` chunks arrived and starts it again on its address;
-    `resumed()` waits for that and says how many answers the coordinator resumed."""
-
-    def __init__(self, cluster: LocalPipeline, stage: str, at: int) -> None:
-        self.cluster, self.stage, self.at = cluster, stage, at
-        self.fired = threading.Event()
-        self._respawn = threading.Thread(target=cluster.respawn, args=(stage,), daemon=True)
-
-    def __call__(self, n: int) -> None:
-        if n >= self.at and not self.fired.is_set():
-            self.fired.set()
-            self.cluster.kill(self.stage, signal.SIGKILL)
-            self._respawn.start()
-
-    def resumed(self) -> int:
-        assert self.fired.is_set(), "the stage was never killed"
-        self._respawn.join(120)
-        metrics = requests.get(self.cluster.base_url + "/metrics", timeout=5).text
-        return int(float(next(line.split()[1] for line in metrics.splitlines()
-                              if line.startswith("pipeserve_requests_resumed_total "))))
-
-
-def ready(cluster: LocalPipeline) -> None:
-    wait_until(lambda: requests.get(cluster.base_url + "/health", timeout=5).json().get("ready"), 120, 0.1,
-               "the pipeline ready")
 
 
 @pytest.mark.parametrize("stage, at, stream, seeded", [
@@ -125,21 +49,16 @@ def test_an_answer_resumes_exactly_after_a_stage_is_killed(slow_model, launch, s
 
 
 def test_an_answer_killed_in_its_prefill_resumes_exactly(slow_model, launch):
-    cluster = launch(slow_model, [(0, 1), (2, 3)], prefill_step_size=8)  # 5 chunks: time to be cut in one
-    request = body(slow_model.name, True, False, prompt=PROMPT * 3)
+    """Stage 0 pauses after each layer of a long prefill chunk (the `layer-pause` fault), so the kill
+    of the last stage, as soon as the request is in flight, lands in its prefill: held with nothing sent."""
+    cluster = launch(slow_model, [(0, 1), (2, 3)], prefill_step_size=16,
+                     env={"PIPESERVE_FAULTS": "stage-0:layer-pause"})
+    request = body(slow_model.name, True, False, prompt=PROMPT)  # chunks of 16, 16, 7: the first two 1 s each
     undisturbed = answer(cluster, request)
-    fired = threading.Event()
-
-    def kill_soon() -> None:
-        cluster.kill("stage-1", signal.SIGKILL)
-        fired.set()
-        cluster.respawn("stage-1")
-
-    threading.Timer(0.05, kill_soon).start()
+    kill = Killer(cluster, "stage-1").in_flight()
     assert answer(cluster, request) == undisturbed
-    assert fired.is_set()
-    metrics = requests.get(cluster.base_url + "/metrics", timeout=5).text
-    assert "pipeserve_requests_resumed_total 1" in metrics, metrics
+    assert kill.resumed() == 1
+    assert held_tokens(cluster) == [0]
 
 
 @pytest.mark.parametrize("fault", ["resume-repeat", "resume-drop", "resume-reseed"])
@@ -184,27 +103,6 @@ def test_every_kind_of_cache_resumes_exactly(family_model, launch, family):
     kill = Killer(cluster, "stage-1", 2)
     assert answer(cluster, request, kill) == undisturbed
     assert kill.resumed() == 1  # it was killed before the answer was done
-
-
-def chat_answer(cluster: LocalPipeline, request: dict, on_chunk=None) -> dict:
-    """A streamed chat answer's content and finish reason; `on_chunk(n)` after the n-th chunk."""
-    out = {"content": "", "finish": None}
-    with requests.post(cluster.base_url + "/v1/chat/completions", json={**request, "stream": True}, stream=True,
-                       timeout=180) as r:
-        assert r.status_code == 200, r.text
-        n = 0
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            for c in event.get("choices", []):
-                out["content"] += c.get("delta", {}).get("content") or ""
-                out["finish"] = c.get("finish_reason") or out["finish"]
-            n += 1
-            if on_chunk is not None:
-                on_chunk(n)
-    return out
 
 
 def test_a_json_schema_answer_resumes_inside_its_grammar(model_factory, launch):

@@ -7,6 +7,8 @@ any server of it produce tool calls, so tool parsing is compared on real output.
 
 from __future__ import annotations
 
+import json
+
 WEATHER, TIME = 510, 511  # the tool-call tokens' ids (vocab 512: the last two)
 EOS = 2  # <|im_end|>
 TOOLS = [
@@ -16,6 +18,10 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": {
         "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}},
 ]
+# The tools with bounded strings and no extra arguments, for a forced call (tool_choice "required"): a random
+# model, once inside a string, rarely closes it by itself, and adds keys while it may.
+BOUNDED_TOOLS = json.loads(json.dumps(TOOLS).replace('{"type": "string"}', '{"type": "string", "maxLength": 8}')
+                           .replace('"type": "object",', '"type": "object", "additionalProperties": false,'))
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 # One call: the weather token first, then (penalised once it is in the last two tokens) end of sequence.
 ONE_CALL = {"logit_bias": {str(WEATHER): 200, str(EOS): 100}, "presence_penalty": 150.0, "presence_context_size": 2}

@@ -248,7 +248,9 @@ def _stream(c: Coordinator, request: Request, kind: str, gen: Generator, events:
         if not events.started:
             raise
         request.context["status"] = exc.status
-        events.send(exc.body())  # the openai client raises on an "error" event
+        # The stream ends with the error: no [DONE] after it, which a client reading to [DONE] would take
+        # for a complete answer (the openai client raises on the "error" event either way).
+        events.send(exc.body())
     else:
         events.send(oa.response(kind, rid, c.model_name, "", gen.finish, None, None, stream=True))
         if gen.req.include_usage:
@@ -256,7 +258,7 @@ def _stream(c: Coordinator, request: Request, kind: str, gen: Generator, events:
                                                                         gen.cached_tokens), None, stream=True)
             body["choices"] = []
             events.send(body)
-    events.send(b"[DONE]")
+        events.send(b"[DONE]")
     events.end()
 
 

@@ -216,7 +216,7 @@ def test_the_sink_writes_a_failure_mid_stream_as_anthropics_error_event():
     sink.send(_chunk("Hi"))
     request.context["status"] = 503
     sink.send(OpenAIError(503, "a stage was lost", "service_unavailable").body())
-    sink.send(b"[DONE]")  # the chat path ends every stream so; after an error it adds nothing
+    sink.send(b"[DONE]")  # (the chat path sends none after an error; were it sent, it adds nothing)
     sink.end()
     names = [n for n, _ in rec.events]
     assert names == ["message_start", "ping", "content_block_start", "content_block_delta", "error"]

@@ -20,12 +20,7 @@ from pydantic import BaseModel, Field
 
 from orchestrator.engine.coordinator.openai_schema import MAX_TOOLS
 from orchestrator.engine.local_pipeline import LocalPipeline
-from tests.support.tool_requests import ASK, ONE_CALL, TOOLS
-
-# The tools with bounded strings and no extra arguments: a random model, once inside a string,
-# rarely closes it by itself, and adds keys while it may.
-BOUNDED_TOOLS = json.loads(json.dumps(TOOLS).replace('{"type": "string"}', '{"type": "string", "maxLength": 8}')
-                           .replace('"type": "object",', '"type": "object", "additionalProperties": false,'))
+from tests.support.tool_requests import ASK, BOUNDED_TOOLS, ONE_CALL, TOOLS
 
 
 class City(BaseModel):
