@@ -18,7 +18,7 @@ import yaml
 from orchestrator.agent.local_agent import LocalAgent
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import Session, Settings
+from orchestrator.control.rules.state import Session, Settings
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.proc import free_port, free_port_block
 from orchestrator.registrar import ConfigFileRegistrar

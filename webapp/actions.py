@@ -6,12 +6,12 @@ from __future__ import annotations
 from flask import Blueprint, abort, render_template, request
 
 from orchestrator.control.core import CommandRefused
-from orchestrator.control.selection import hub_conflict
 from webapp.auth import admin_required
 from webapp.components import render
 from webapp.forms import FormError, integer, selection, settings_from
 from webapp.services import current_services, view_context
 from webapp.views.cluster import selection_from
+from webapp.views.selection import hub_conflict
 
 bp = Blueprint("actions", __name__)
 

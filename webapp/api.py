@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Blueprint, abort, jsonify, request
 
-from orchestrator.control.state import State
+from orchestrator.control.rules.state import State
 from webapp import auth
 from webapp.services import current_services
 

@@ -2,8 +2,8 @@
 
 The same `render()` produces the first page render, the htmx response to an action and
 the websocket push, so the three can never drift apart. Which events change a live component
-is declared by the event classes themselves (`touches`, orchestrator/control/events.py); the
-live socket re-renders only those. Only display components are
+is the webapp's own table (`touches.TOUCHES`: event class -> component ids); the live socket
+re-renders only those. Only display components are
 live: a form is re-rendered by its own actions, and a display component tells it when what
 it offers changed (cluster-options), so a push never replaces what a user is typing.
 """
@@ -15,16 +15,16 @@ from typing import Any, Callable
 
 from flask import render_template
 
-from orchestrator.control.events import kinds_touching
-from orchestrator.control.state import State
+from orchestrator.control.rules.state import State
+from webapp.touches import kinds_touching
 from webapp.views import cluster, models, nodes, plan, sessions, settings
 from webapp.views.context import ViewContext
 
 
 @dataclass(frozen=True)
 class Component:
-    """A piece of a page. A live one is pushed again when an event that touches it (the event
-    class's `touches`) changes its HTML; a form is never live (a push would replace what the
+    """A piece of a page. A live one is pushed again when an event that touches it
+    (`touches.TOUCHES`) changes its HTML; a form is never live (a push would replace what the
     user is typing): it is rendered by its page and by its own actions' answers."""
 
     name: str  # the root element's id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.state import Settings
 
 
 class FormError(ValueError):

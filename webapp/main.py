@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from orchestrator import settings
-from orchestrator.control.lease import LEASE_S
+from orchestrator.control.rules.lease import LEASE_S
 
 ROUTER_TOKEN_ENV = settings.ROUTER_ADMIN_TOKEN.name
 KEEPALIVE_S = 5  # the longest a client may take to send a request's headers (and idle between requests)

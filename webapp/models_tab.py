@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from flask import Blueprint, render_template, request
 
-from orchestrator.control.commands import CommandRefused
+from orchestrator.control.rules.commands import CommandRefused
 from webapp.auth import admin_required
 from webapp.components import render
 from webapp.forms import FormError, integer
@@ -30,8 +30,8 @@ def _nodes() -> list[str]:
 def _name_check() -> tuple[str, str | None]:
     """The name the download would get on the chosen nodes (typed, else the repo's), and what is
     wrong with it (None: nothing), by the download's own rule (model_rules.name_problem)."""
-    from orchestrator.control.model_rules import name_problem
     from orchestrator.control.models import default_model_id
+    from orchestrator.control.rules.model_rules import name_problem
 
     values = request.values
     typed = (values.get("model_id") or "").strip()
@@ -99,7 +99,7 @@ def cancel(model_id: str):
 @admin_required
 def clear_downloads():
     """Clear the finished downloads from the list (running ones stay)."""
-    from orchestrator.control.commands import ClearDownloads
+    from orchestrator.control.rules.commands import ClearDownloads
 
     current_services().orchestrator.command(ClearDownloads())
     return _component("model-downloads")

@@ -23,9 +23,9 @@ from e2e.lan.profiles import PROFILES
 from e2e.lan.stack import AGENT_PORT, TRANSPORT
 from orchestrator.agent.client import AgentClient
 from orchestrator.agent.local_agent import SHARED_HOST_BLAS
-from orchestrator.control.measured import with_performance
 from orchestrator.control.perf import measure_links, transport_hosts
-from orchestrator.control.state import Node, PreviewedPlan, State
+from orchestrator.control.rules.measured import with_performance
+from orchestrator.control.rules.state import Node, PreviewedPlan, State
 from orchestrator.planner import Plan, PlanSettings, node_facts_from_report, plan_cluster
 from orchestrator.planner.perf_inputs import LayerTiming
 from orchestrator.proc.child import ChildProcess

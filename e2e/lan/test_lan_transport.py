@@ -22,8 +22,8 @@ from e2e.lan.profiles import PROFILES
 from e2e.lan.stack import AGENT_PORT, LanStack, running_lan_stack
 from orchestrator.agent.client import AgentClient
 from orchestrator.control.launcher import Launcher
-from orchestrator.control.planning import session_from_plan
-from orchestrator.control.state import State
+from orchestrator.control.rules.planning import session_from_plan
+from orchestrator.control.rules.state import State
 from orchestrator.demo_stack import MODEL_ID
 from orchestrator.planner import Plan, PlanSettings, Refusal, node_facts_from_report, plan_cluster, plan_to_cluster_toml
 from orchestrator.planner.result import RefusalCode

@@ -1,9 +1,9 @@
 """What a control-plane worker may use of the orchestrator: one frozen `Capabilities` object.
 
 The effect runner, the Models tab's worker and the performance measurements run in their own
-threads and talk to the outside world; they get these ports, never the `Orchestrator` itself,
-so what each may touch is written down here, a test can hand them fakes
-(tests/control/test_effects.py), and no worker module imports `core` (no import cycle).
+threads and talk to the outside world; they get these capabilities (an argument named `caps`),
+never the `Orchestrator` itself, so what each may touch is written down here, a test can hand them
+fakes (tests/control/test_effects.py), and no worker module imports `core` (no import cycle).
 ("Ports" in pipeserve are TCP ports only: `proc/ports.py`, `planner/ports.py`, an agent's
 transport range.)
 """
@@ -18,12 +18,12 @@ from orchestrator.proc.clock import Clock
 
 if TYPE_CHECKING:
     from orchestrator.agent.client import AgentClient
-    from orchestrator.control.commands import Command
-    from orchestrator.control.decide import Decision
-    from orchestrator.control.events import Event
     from orchestrator.control.launcher import Timeouts
+    from orchestrator.control.rules.commands import Command
+    from orchestrator.control.rules.decide import Decision
+    from orchestrator.control.rules.events import Event
+    from orchestrator.control.rules.state import State
     from orchestrator.control.secrets import SecretStore
-    from orchestrator.control.state import State
     from orchestrator.registrar import Registrar
 
 

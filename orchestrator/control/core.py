@@ -17,18 +17,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
+import socket
 import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+from urllib.parse import urlsplit
 
 from orchestrator import logs
 from orchestrator.agent.client import AgentClient, AgentError
-from orchestrator.control import audit, store
-from orchestrator.control import events as ev
+from orchestrator.agent.discovery import NodeBrowser
+from orchestrator.control import store
+from orchestrator.control.bus import EventBus
 from orchestrator.control.capabilities import Capabilities
-from orchestrator.control.commands import (
+from orchestrator.control.effects import EffectRunner
+from orchestrator.control.launcher import Timeouts
+from orchestrator.control.models import ModelManager
+from orchestrator.control.rules import audit
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import (
     AddNode,
     Command,
     CommandRefused,
@@ -40,22 +48,20 @@ from orchestrator.control.commands import (
     RemoveNode,
     StopSession,
     UpdateSettings,
-    agent_url,
     new_session_id,
 )
-from orchestrator.control.decide import Decision, decide, react
-from orchestrator.control.effects import EffectRunner
-from orchestrator.control.launcher import Timeouts
-from orchestrator.control.lease import LEASE_S
-from orchestrator.control.models import ModelManager
-from orchestrator.control.state import Node, Session, Settings, State
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.decide import Decision, decide, react
+from orchestrator.control.rules.lease import LEASE_S
+from orchestrator.control.rules.state import DiscoveredNode, Node, Session, Settings, State
+from orchestrator.control.rules.transitions import apply
+from orchestrator.control.secrets import SecretStore
+from orchestrator.control.watcher import Watcher
 from orchestrator.proc.clock import SYSTEM_CLOCK
 from orchestrator.proc.wait import WaitTimeout, wait_until
 from orchestrator.registrar import Registrar
 
 if TYPE_CHECKING:
-    from orchestrator.control.download_state import HubRef
+    from orchestrator.control.rules.download_state import HubRef
     from orchestrator.planner import Plan, Refusal
 
 
@@ -68,32 +74,28 @@ class Orchestrator:
         self.state_dir = Path(state_dir)
         self.registrar = registrar
         self.timeouts = dataclasses.replace(timeouts, lease=lease_s)
-        self.bus = ev.EventBus()
+        self.bus = EventBus()
         self.log = logs.get("orchestrator")
         self._state = State()
         self._inbox: queue.Queue = queue.Queue()  # events, and (command, future or None) pairs
         self._clients: dict[tuple[str, str], AgentClient] = {}
         self._clients_lock = threading.Lock()
-        from orchestrator.control.secrets import SecretStore
-
         self.secrets = SecretStore(self.state_dir)
         self._thread: threading.Thread | None = None
         self.agent_timeout = agent_timeout
         self._discovery = discovery
         self._discovery_interfaces = discovery_interfaces
         self._browser = None
-        from orchestrator.control.watcher import Watcher
-
         self.watcher = Watcher(lambda: self._state, self.agent, self.post, watch_interval, lease_s,
                                secret_of=self.secrets.get)
         # What the workers may use of this orchestrator (never the orchestrator itself: control/capabilities.py)
         # (looked up at each call, so what a test replaces on the orchestrator reaches the workers)
-        self.ports = Capabilities(state=lambda: self._state, post=lambda e: self.post(e),
+        self.caps = Capabilities(state=lambda: self._state, post=lambda e: self.post(e),
                                   submit=lambda c: self.submit(c), command=lambda c: self.command(c),
                                   agent=lambda node_id: self.agent(node_id), registrar=self.registrar,
                                   secrets=self.secrets, timeouts=self.timeouts, clock=SYSTEM_CLOCK, log=self.log)
-        self.models = ModelManager(self.ports, self.state_dir, self.launch_single)  # Models tab: downloads, deletion
-        self.effects = EffectRunner(self.ports, self.models, self.watcher.inspect, self.watcher.release)
+        self.models = ModelManager(self.caps, self.state_dir, self.launch_single)  # Models tab: downloads, deletion
+        self.effects = EffectRunner(self.caps, self.models, self.watcher.inspect, self.watcher.release)
 
     # --- lifecycle ------------------------------------------------------------------------
     def start(self, *, look: bool = True) -> "Orchestrator":
@@ -114,8 +116,6 @@ class Orchestrator:
         self.watcher.start()
         self.models.resume()  # downloads that were running when the dashboard stopped
         if self._discovery:
-            from orchestrator.agent.discovery import NodeBrowser
-
             self._browser = NodeBrowser(self._discovery_interfaces, on_change=self._discovered).start()
         return self
 
@@ -124,8 +124,6 @@ class Orchestrator:
         if change == "removed":
             self.post(ev.NodeVanished(fingerprint=node.fingerprint))
         else:
-            from orchestrator.control.state import DiscoveredNode
-
             self.post(ev.NodeDiscovered(node=DiscoveredNode(fingerprint=node.fingerprint, name=node.name, url=node.url,
                                                             accelerator=node.accelerator, models=tuple(node.models))))
 
@@ -215,7 +213,7 @@ class Orchestrator:
         self.effects.run(react(old, new, event))
 
     def _write(self, line: audit.Line) -> None:
-        """One structured line of the audit trail (control/audit.py words it)."""
+        """One structured line of the audit trail (control/rules/audit.py words it)."""
         level, name, fields = line
         {logging.ERROR: self.log.error, logging.WARNING: self.log.warning}.get(level, self.log.info)(name, **fields)
 
@@ -313,6 +311,19 @@ def _previewed(decision: Decision) -> Any:
 
 def _created(decision: Decision) -> Session:
     return next(e.session for e in decision.events if isinstance(e, ev.SessionCreated))
+
+
+def agent_url(address: str) -> str:
+    """Normalise "host:port" or "http://host:port" to http://IP:port (engine addresses are IP literals)."""
+    text = address.strip()
+    parts = urlsplit(text if "://" in text else f"http://{text}")
+    if parts.scheme != "http" or not parts.hostname or not parts.port or parts.path not in ("", "/"):
+        raise CommandRefused(f"address {address!r}: expected host:port of a node agent, e.g. 192.168.1.20:39500")
+    try:
+        ip = socket.gethostbyname(parts.hostname)
+    except OSError:
+        raise CommandRefused(f"address {address!r}: cannot resolve {parts.hostname!r}") from None
+    return f"http://{ip}:{parts.port}"
 
 
 __all__ = ["CommandRefused", "Orchestrator", "agent_url", "new_session_id"]

@@ -14,7 +14,7 @@ from typing import Callable
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
 from orchestrator.agent.schemas import DownloadInfo
-from orchestrator.control.download_state import HubRef, NodeDownload
+from orchestrator.control.rules.download_state import HubRef, NodeDownload
 
 Report = Callable[[NodeDownload], None]
 RESTART_WAIT_S = 1.0

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.schemas import Manifest
-from orchestrator.control.download_state import NodeDownload
 from orchestrator.control.fetching import FetchCancelled, FetchDetached, Report, follow_over_lan
+from orchestrator.control.rules.download_state import NodeDownload
 
 Settle = Callable[..., None]
 # The follower's errors that mean "the source is not there right now": while the hub download runs, try again.

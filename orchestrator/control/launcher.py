@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from orchestrator.agent.client import AgentClient, AgentError
-from orchestrator.control import events as ev
 from orchestrator.control.coordinator_client import CoordinatorClient
-from orchestrator.control.lease import LEASE_S, renew_every
-from orchestrator.control.process_ends import ended
-from orchestrator.control.session_toml import cluster_toml
-from orchestrator.control.state import Session
-from orchestrator.control.timelines import timeline
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.lease import LEASE_S, renew_every
+from orchestrator.control.rules.process_ends import ended
+from orchestrator.control.rules.session_toml import cluster_toml
+from orchestrator.control.rules.state import Session
+from orchestrator.control.rules.timelines import timeline
 from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
 from orchestrator.proc.wait import WaitTimeout, wait_until
 from orchestrator.registrar import Registrar, RegistrarError, RouteState
@@ -40,7 +40,7 @@ class Timeouts:
     listen: float = 180.0  # a stage loads its layers before it listens
     healthy: float = 120.0
     stop: float = 10.0
-    lease: float = LEASE_S  # control/lease.py: why this long
+    lease: float = LEASE_S  # control/rules/lease.py: why this long
     # the router reloads its file and needs `healthy_threshold` probes (each at most 1 s apart
     # for a new backend) before it routes: seconds, so a minute means it never will
     routable: float = 60.0

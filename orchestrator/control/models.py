@@ -23,9 +23,11 @@ from orchestrator.agent.client import AgentError
 from orchestrator.agent.hub import HubListing
 from orchestrator.agent.names import InvalidName, check_model_id
 from orchestrator.atomic_write import write_atomically
-from orchestrator.control import events as ev
 from orchestrator.control.capabilities import Capabilities
-from orchestrator.control.commands import (
+from orchestrator.control.fetching import FetchCancelled, FetchDetached, fetch_from_hub
+from orchestrator.control.lan_copies import FollowingCopies
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import (
     CancelDownload,
     CommandRefused,
     DeleteModel,
@@ -33,20 +35,18 @@ from orchestrator.control.commands import (
     ResumeDownload,
     VerifyCopy,
 )
-from orchestrator.control.download_events import (
+from orchestrator.control.rules.download_events import (
     ModelDeletionFinished,
     ModelDownloadFinished,
     ModelDownloadProgressed,
     ModelDownloadStarted,
 )
-from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
-from orchestrator.control.fetching import FetchCancelled, FetchDetached, fetch_from_hub
-from orchestrator.control.lan_copies import FollowingCopies
-from orchestrator.control.model_rules import reachable_name
+from orchestrator.control.rules.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.rules.model_rules import reachable_name
 from orchestrator.proc.wait import wait_until
 
 if TYPE_CHECKING:
-    from orchestrator.control.state import Session, State
+    from orchestrator.control.rules.state import Session, State
 
 FILENAME = "downloads.json"
 DELETE_WAIT_S = 60.0  # how long a delete waits for the agent's answer
@@ -71,9 +71,9 @@ def parse_hub_ref(repo_id: str, revision: str = "") -> HubRef:
 class ModelManager:
     """Downloads, single-node serving and deletion, for one Orchestrator."""
 
-    def __init__(self, ports: Capabilities, state_dir: Path,
+    def __init__(self, caps: Capabilities, state_dir: Path,
                  launch_single: Callable[[str, str, int, int], Session]) -> None:
-        self.ports = ports
+        self.caps = caps
         self._launch_single = launch_single  # the orchestrator's: a session id and the clock come with it
         self._cancels_lock = threading.Lock()  # the orchestrator thread adds flags, workers remove theirs
         self._file_lock = threading.Lock()  # workers record downloads
@@ -85,8 +85,8 @@ class ModelManager:
     def hub_files(self, repo_id: str, revision: str, node_id: str) -> HubListing:
         """The repository's files and sizes as `node_id` sees the hub; nothing is downloaded."""
         hub = parse_hub_ref(repo_id, revision)
-        reachable_name(self.ports.state(), node_id)
-        client = self.ports.agent(node_id)
+        reachable_name(self.caps.state(), node_id)
+        client = self.caps.agent(node_id)
         if client is None:
             raise CommandRefused(f"node {node_id!r} is not registered")
         try:
@@ -106,17 +106,17 @@ class ModelManager:
         if not node_ids:
             raise CommandRefused("choose at least one node to download to")
         listing = self.hub_files(hub.repo_id, hub.revision, node_ids[0])  # I/O first; the rules decide on it
-        decision = self.ports.command(DownloadModel(model_id, tuple(node_ids), listing, time.time()))
+        decision = self.caps.command(DownloadModel(model_id, tuple(node_ids), listing, time.time()))
         return next(e.download for e in decision.events if isinstance(e, ModelDownloadStarted))
 
     def cancel(self, model_id: str) -> None:
         """Stop a running download on every node (partial files are dropped)."""
-        self.ports.command(CancelDownload(model_id))
+        self.caps.command(CancelDownload(model_id))
 
     def delete(self, model_id: str, node_id: str) -> None:
         """Delete a model from one node; refused while a session uses it there or it is downloading,
         or with the agent's reason when it refuses."""
-        self.ports.command(DeleteModel(model_id, node_id))
+        self.caps.command(DeleteModel(model_id, node_id))
         key = (model_id, node_id)
         try:
             state = self._wait(lambda st: any((d.model_id, d.node_id) == key and d.phase != "running"
@@ -130,9 +130,9 @@ class ModelManager:
 
     def _wait(self, predicate: Callable[[State], bool], timeout: float) -> State:
         """The state once `predicate` holds (the orchestrator thread applies what workers post)."""
-        wait_until(lambda: predicate(self.ports.state()), timeout, 0.02, message="the state's condition",
-                   clock=self.ports.clock)
-        return self.ports.state()
+        wait_until(lambda: predicate(self.caps.state()), timeout, 0.02, message="the state's condition",
+                   clock=self.caps.clock)
+        return self.caps.state()
 
     def serve(self, model_id: str, node_id: str, context_length: int = 4096, concurrency: int = 4) -> "Session":
         """A single-node session: one stage with every layer plus the coordinator, one router backend
@@ -158,11 +158,11 @@ class ModelManager:
     def delete_files(self, model_id: str, node_id: str) -> None:
         """A deletion's worker: the agent deletes the model; the node's report follows. It always
         ends with ModelDeletionFinished: a deletion left running would block the model there."""
-        node = self.ports.state().node(node_id)
+        node = self.caps.state().node(node_id)
         name = node.name if node else node_id
         error = f"delete {model_id} on {name}: the node is no longer registered"
         try:
-            client = self.ports.agent(node_id)
+            client = self.caps.agent(node_id)
             if client is not None:
                 client.delete_model(model_id)
                 error = ""
@@ -173,11 +173,11 @@ class ModelManager:
             if error:  # the delete failed; after a delete only the refresh can (the watcher reports it later)
                 error = f"delete {model_id} on {name}: {type(exc).__name__}: {exc}"
         finally:
-            self.ports.post(ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error))
+            self.caps.post(ModelDeletionFinished(model_id=model_id, node_id=node_id, error=error))
 
     def verify(self, model_id: str, node_id: str) -> None:
         """Verify one node's copy: its agent hashes every file again (the outcome arrives as events)."""
-        self.ports.command(VerifyCopy(model_id, node_id))
+        self.caps.command(VerifyCopy(model_id, node_id))
 
     def check_files(self, model_id: str, node_id: str, reference: str | None) -> None:
         """A Verify's worker: the agent hashes every file again (sha256) against the manifest of the
@@ -185,8 +185,8 @@ class ModelManager:
         left running would block Verify there)."""
         ok, message = False, f"{node_id}: the node is no longer registered"
         try:
-            client, source = self.ports.agent(node_id), self.ports.agent(reference) if reference else None
-            ref = self.ports.state().node(reference) if reference else None
+            client, source = self.caps.agent(node_id), self.caps.agent(reference) if reference else None
+            ref = self.caps.state().node(reference) if reference else None
             if client is not None:
                 manifest = (source or client).model(model_id).manifest
                 if manifest is None:
@@ -200,14 +200,14 @@ class ModelManager:
         except Exception as exc:  # noqa: BLE001 (a bug must not leave the check running)
             message = f"{type(exc).__name__}: {exc}"
         finally:
-            self.ports.post(ev.CopyCheckFinished(model_id=model_id, node_id=node_id, ok=ok, message=message))
+            self.caps.post(ev.CopyCheckFinished(model_id=model_id, node_id=node_id, ok=ok, message=message))
 
     def _refresh(self, node_id: str) -> None:
         """Post the node's report now (its models changed)."""
-        client = self.ports.agent(node_id)
+        client = self.caps.agent(node_id)
         try:
             if client is not None:
-                self.ports.post(ev.NodeReported(node_id=node_id, report=client.report(), at=time.time()))
+                self.caps.post(ev.NodeReported(node_id=node_id, report=client.report(), at=time.time()))
         except AgentError:
             pass  # the watcher's next look reports it
 
@@ -223,7 +223,7 @@ class ModelManager:
             return
         for dl in saved:
             if not dl.finished:
-                self.ports.submit(ResumeDownload(dl))
+                self.caps.submit(ResumeDownload(dl))
 
     # --- the worker ----------------------------------------------------------------------
 
@@ -240,11 +240,11 @@ class ModelManager:
     def _run(self, dl: ModelDownload, cancel: threading.Event) -> None:
         self._save(dl)
         entries = {n.node_id: n for n in dl.nodes}
-        names = {n.id: n.name for n in self.ports.state().nodes}
+        names = {n.id: n.name for n in self.caps.state().nodes}
 
         def report(entry: NodeDownload) -> None:
             entries[entry.node_id] = entry
-            self.ports.post(ModelDownloadProgressed(model_id=dl.model_id, node=entry))
+            self.caps.post(ModelDownloadProgressed(model_id=dl.model_id, node=entry))
 
         def settle(node_id: str, status: str, **changes: object) -> None:
             report(entries[node_id].model_copy(update={"status": status, "rate_bps": 0.0, "eta_s": None, **changes}))
@@ -256,9 +256,9 @@ class ModelManager:
         try:
             # The hub node: the one that has it (a resumed download), else the first target.
             source = next((n for n, e in entries.items() if e.status == "verified"), next(iter(entries)))
-            holder = self.ports.agent(source)
+            holder = self.caps.agent(source)
             copies = FollowingCopies(dl.model_id, holder, names.get(source, source),
-                                     {n: self.ports.agent(n) for n, e in entries.items()
+                                     {n: self.caps.agent(n) for n, e in entries.items()
                                       if n != source and e.status != "verified"},
                                      names, entries, report, settle, cancel, self._detach)
 
@@ -295,7 +295,7 @@ class ModelManager:
             if e.status not in ("verified", "failed") and phase != "done":
                 settle(n, "cancelled" if phase == "cancelled" else "failed",
                        detail=e.detail if phase == "cancelled" else error)
-        self.ports.post(ModelDownloadFinished(model_id=dl.model_id, phase=phase, error=error))
+        self.caps.post(ModelDownloadFinished(model_id=dl.model_id, phase=phase, error=error))
         self._save(dl.model_copy(update={"nodes": tuple(entries.values()), "phase": phase, "error": error}))
         with self._cancels_lock:
             if self._cancels.get(dl.model_id) is cancel:
@@ -306,7 +306,7 @@ class ModelManager:
         """The hub node downloads the repository; _Failed (with the hub's reason) when it cannot."""
         settle(node_id, "downloading", source=f"hub {dl.hub.label}", detail="")
         try:
-            info = fetch_from_hub(self.ports.agent(node_id), dl.model_id, dl.hub, entries[node_id], report, cancel,
+            info = fetch_from_hub(self.caps.agent(node_id), dl.model_id, dl.hub, entries[node_id], report, cancel,
                                   self._detach)
         except AgentError as exc:
             raise _Failed(f"hub download on {name} failed: {exc.message}") from None

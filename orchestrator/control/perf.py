@@ -14,11 +14,11 @@ from typing import Any
 
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobTimeout, follow_job
-from orchestrator.control import events as ev
 from orchestrator.control.capabilities import Capabilities
-from orchestrator.control.measured import missing, timing_node
-from orchestrator.control.state import Node, State
-from orchestrator.control.timing_events import LayerTimingChanged
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.measured import missing, timing_node
+from orchestrator.control.rules.state import Node, State
+from orchestrator.control.rules.timing_events import LayerTimingChanged
 from orchestrator.proc.wait import WaitTimeout, wait_until
 
 LINK_TTL_S = 86_400  # probe tickets: the agents re-measure periodically with them
@@ -83,33 +83,33 @@ def time_layers(agents: dict[str, AgentClient], nodes: Sequence[Node], model_id:
 
 
 
-def refresh_after_preview(ports: Capabilities, model_id: str, node_ids: list[str], links: bool, timing: bool,
+def refresh_after_preview(caps: Capabilities, model_id: str, node_ids: list[str], links: bool, timing: bool,
                           again: Callable[[], None]) -> None:
     """After a preview (a worker): measure what the plan lacked (`decide` said which) and, after
     each part, post the nodes' fresh reports, wait until they are applied and have `again`
     preview the plan once more (only if it is still the one shown, `decide` checks). The links
     take a second and show at once; timing the layers takes longer and follows."""
-    state: State = ports.state()
+    state: State = caps.state()
     nodes = [n for nid in node_ids if (n := state.node(nid)) is not None and n.report is not None]
-    agents = {n.id: ports.agent(n.id) for n in nodes}
+    agents = {n.id: caps.agent(n.id) for n in nodes}
     if len(nodes) != len(node_ids) or any(a is None for a in agents.values()):
         return
     hosts = transport_hosts(state, node_ids)
     parts = [(0, lambda: measure_links(agents, nodes, hosts))] if links else []  # type: ignore[arg-type]
     if timing:
-        parts.append((1, lambda: time_layers(agents, nodes, model_id, ports.log, ports.state(),  # type: ignore[arg-type]
-                                             ports.post)))
+        parts.append((1, lambda: time_layers(agents, nodes, model_id, caps.log, caps.state(),  # type: ignore[arg-type]
+                                             caps.post)))
     for which, run in parts:
         try:
             if not run():
                 continue
             for n in nodes:
-                ports.post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
+                caps.post(ev.NodeReported(node_id=n.id, report=agents[n.id].report(), at=time.time()))
         except AgentError as exc:
-            ports.log.warning("perf.measure_failed", reason=exc.message)
+            caps.log.warning("perf.measure_failed", reason=exc.message)
             return
         try:  # the reports posted above are applied by the orchestrator thread
-            wait_until(lambda which=which: not missing([ports.state().node(n.id) or n for n in nodes], model_id)[which],
+            wait_until(lambda which=which: not missing([caps.state().node(n.id) or n for n in nodes], model_id)[which],
                        REPORTS_APPLIED_S, message="the fresh reports applied")
         except WaitTimeout:
             pass  # preview again all the same: `decide` previews only what is still shown

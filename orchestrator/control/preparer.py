@@ -18,10 +18,10 @@ from typing import Callable
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
 from orchestrator.agent.schemas import DownloadInfo, Manifest
-from orchestrator.control import events as ev
-from orchestrator.control.download_state import HubRef, NodeDownload
 from orchestrator.control.fetching import fetch_from_hub
-from orchestrator.control.state import NodePreparation, Preparation
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.download_state import HubRef, NodeDownload
+from orchestrator.control.rules.state import NodePreparation, Preparation
 from orchestrator.units import format_bytes
 
 Post = Callable[[ev.Event], None]

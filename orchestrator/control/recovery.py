@@ -38,27 +38,28 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import requests
 
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.schemas import ProcessInfo
-from orchestrator.control import events as ev
 from orchestrator.control.coordinator_client import CoordinatorClient
 from orchestrator.control.launcher import Launcher, LaunchFailed, Post, Timeouts
-from orchestrator.control.process_ends import ended as process_ended
-from orchestrator.control.session_toml import cluster_toml
-from orchestrator.control.state import Fault, PostMortem, ResumedRequests, Session, StageStatus, State
-from orchestrator.control.timelines import backoff, ordered, recovery_steps, stage_moved, step_prefix
+from orchestrator.control.preparer import PrepareFailed, reference_manifest
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.planning import PlanningError, model_info
+from orchestrator.control.rules.process_ends import ended as process_ended
+from orchestrator.control.rules.relocation import Move, choose_node, moved_toml
+from orchestrator.control.rules.session_toml import cluster_toml
+from orchestrator.control.rules.state import Fault, PostMortem, ResumedRequests, Session, StageStatus, State
+from orchestrator.control.rules.timelines import backoff, copy_key, ordered, recovery_steps, stage_moved, step_prefix
+from orchestrator.control.stage_copy import CopyCancelled, CopyFailed, copy_model
 from orchestrator.engine.coordinator.health_report import PauseReport
 from orchestrator.engine.stage_address import request_body
 from orchestrator.planner.cluster_toml import engine_address
 from orchestrator.proc import Clock, WaitTimeout, wait_until
 from orchestrator.registrar import Registrar, RegistrarError
-
-if TYPE_CHECKING:
-    from orchestrator.control.relocation import Move
 
 ROUTE_TIMEOUT_S = 10.0  # the coordinator answers at once; only a frozen one takes long
 
@@ -205,9 +206,6 @@ class Recovery:
     def move(self, process: str, why: str, toml: str) -> str:
         """Choose another node for a stage whose node is unreachable, record the move
         (StageMoved) and return the cluster TOML with its new address; LaunchFailed if none can."""
-        from orchestrator.control.planning import PlanningError, model_info
-        from orchestrator.control.relocation import choose_node, moved_toml
-
         if process == "coordinator":  # its address is the router entry and the clients' URL
             raise LaunchFailed(process, f"the coordinator's node cannot take it back ({why}); a coordinator "
                                         "is not moved to another node")
@@ -238,13 +236,9 @@ class Recovery:
         self.s = self.s.model_copy(update={"stages": stages, "config_toml": new_toml})
         return new_toml
 
-    def copy_model(self, process: str, choice: "Move", target: AgentClient) -> None:
+    def copy_model(self, process: str, choice: Move, target: AgentClient) -> None:
         """Copy the session's model to the node a stage moves to, from the nodes `choice` names
         (a step of the attempt, with its progress); LaunchFailed when it is not there verified."""
-        from orchestrator.control.preparer import PrepareFailed, reference_manifest
-        from orchestrator.control.stage_copy import CopyCancelled, CopyFailed, copy_model
-        from orchestrator.control.timelines import copy_key
-
         assert self.agent_for is not None and self.state is not None
         names = {n.id: n.name for n in self.state.nodes}
         holders = {n: a for n in choice.sources if (a := self.agent_for(n)) is not None}

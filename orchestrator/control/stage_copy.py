@@ -24,7 +24,7 @@ from typing import Callable
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.job_follower import JobCancelled, JobTimeout, follow_job
 from orchestrator.agent.schemas import DownloadInfo, Manifest
-from orchestrator.control.timelines import copy_key, copy_started, copy_timeout, progress_detail
+from orchestrator.control.rules.timelines import copy_key, copy_started, copy_timeout, progress_detail
 from orchestrator.units import format_bytes
 
 PROGRESS_EVERY_S = 1.0  # each step update is saved with the state: no more than this often

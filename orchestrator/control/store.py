@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.atomic_write import write_atomically
-from orchestrator.control.state import Node, Session, Settings, State, VerifiedCopy
+from orchestrator.control.rules.state import Node, Session, Settings, State, VerifiedCopy
 
 FILENAME = "control.json"
 

@@ -10,6 +10,7 @@ when something changed. Judging what it means (Unhealthy, teardown) is the orche
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +19,9 @@ from typing import Callable
 
 from orchestrator.agent.client import AgentClient, AgentError
 from orchestrator.agent.schemas import ProcessInfo
-from orchestrator.control import events as ev
-from orchestrator.control.chart_samples import (
+from orchestrator.control.coordinator_client import CoordinatorClient, HealthLook
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.chart_samples import (
     IN_FLIGHT_METRIC,
     TOKENS_METRIC,
     Reading,
@@ -29,10 +31,9 @@ from orchestrator.control.chart_samples import (
     same_reading,
     sample,
 )
-from orchestrator.control.coordinator_client import CoordinatorClient, HealthLook
-from orchestrator.control.lease import LEASE_S, renew_every
-from orchestrator.control.process_ends import ended, lapsed
-from orchestrator.control.state import Session, Speculation, StageCache, StageProgress, StageStatus, State
+from orchestrator.control.rules.lease import LEASE_S, renew_every
+from orchestrator.control.rules.process_ends import ended, lapsed
+from orchestrator.control.rules.state import Session, Speculation, StageCache, StageProgress, StageStatus, State
 from orchestrator.control.watcher_wakeup import Wakeup
 from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
 from orchestrator.proc.clock import SYSTEM_CLOCK, Clock
@@ -239,8 +240,6 @@ class Watcher:
             except Exception:  # never let one bad cycle end the watching
                 if self._stop.is_set():
                     return  # stopped mid-cycle: the pool no longer takes work
-                import logging
-
                 logging.getLogger("pipeserve.watcher").exception("watch cycle failed")
 
     def cycle(self) -> None:

@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.control.core import Orchestrator, new_session_id
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import Session, Settings, StagePlacement
+from orchestrator.control.rules.state import Session, Settings, StagePlacement
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import AgentProc
 from tests.support.router import RouterProc

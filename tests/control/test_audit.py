@@ -8,11 +8,11 @@ import logging
 
 import pytest
 
-from orchestrator.control import events as ev
-from orchestrator.control.audit import command_line, event_lines
-from orchestrator.control.commands import AddNode, LaunchCluster, PrepareModel, ResumeSession, StopSession
-from orchestrator.control.state import NodePreparation, PostMortem, Preparation
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.audit import command_line, event_lines
+from orchestrator.control.rules.commands import AddNode, LaunchCluster, PrepareModel, ResumeSession, StopSession
+from orchestrator.control.rules.state import NodePreparation, PostMortem, Preparation
+from orchestrator.control.rules.transitions import apply
 from tests.support.builders import MODEL, node
 from tests.support.control_states import BASE, SERVING, prepared
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control import events as ev
 from orchestrator.control import store
-from orchestrator.control.chart_samples import (
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.chart_samples import (
     TOKENS_METRIC,
     metric_value,
     recent_rate,
@@ -18,8 +18,8 @@ from orchestrator.control.chart_samples import (
     sample,
     tokens_per_second,
 )
-from orchestrator.control.state import SAMPLES, Sample, StageStatus, State
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.state import SAMPLES, Sample, StageStatus, State
+from orchestrator.control.rules.transitions import apply
 from orchestrator.engine.coordinator.metrics import Metrics
 from tests.support.sessions import running_session as session
 

@@ -15,7 +15,7 @@ import logging
 import pytest
 
 from orchestrator.agent.schemas import ProcessInfo
-from orchestrator.control.process_ends import LAPSED, ended, lapsed
+from orchestrator.control.rules.process_ends import LAPSED, ended, lapsed
 from orchestrator.proc import wait_until
 from tests.control.conftest import MODEL_ID, Env
 from tests.support.sessions import ask, healthy, pids

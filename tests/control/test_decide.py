@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.control import events as ev
-from orchestrator.control.commands import (
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import (
     AddNode,
     CommandRefused,
     LaunchCluster,
@@ -19,7 +19,7 @@ from orchestrator.control.commands import (
     StopSession,
     UpdateSettings,
 )
-from orchestrator.control.decide import (
+from orchestrator.control.rules.decide import (
     CancelWork,
     MeasureAfterPreview,
     Readopt,
@@ -30,11 +30,11 @@ from orchestrator.control.decide import (
     decide,
     react,
 )
-from orchestrator.control.state import (
+from orchestrator.control.rules.state import (
     Settings,
     State,
 )
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.transitions import apply
 from orchestrator.planner import Plan, Refusal
 from tests.support.builders import GIB, node, session
 from tests.support.control_states import (

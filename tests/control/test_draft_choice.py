@@ -9,9 +9,9 @@ import tomllib
 
 import pytest
 
-from orchestrator.control.commands import CommandRefused, LaunchCluster, PreviewPlan
-from orchestrator.control.decide import decide
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.commands import CommandRefused, LaunchCluster, PreviewPlan
+from orchestrator.control.rules.decide import decide
+from orchestrator.control.rules.state import Settings
 from orchestrator.models.kv import LayerCache
 from orchestrator.planner import Plan, PlanSettings, kv_cache_bytes
 from tests.support.control_states import BASE, DRAFT, MODEL, PREPARED, SMALL, draft_info, with_models

@@ -1,4 +1,4 @@
-"""Each effect type through the one effect runner, against fake ports.
+"""Each effect type through the one effect runner, against fake caps.
 
 The runner gets `Capabilities` (control/capabilities.py), never the Orchestrator, so each effect can be run
 here with what it talks to replaced at the true external seams: the node agents' HTTP API
@@ -17,10 +17,12 @@ import pytest
 
 from orchestrator import logs
 from orchestrator.agent.client import AgentError
-from orchestrator.control import events as ev
 from orchestrator.control.capabilities import Capabilities
-from orchestrator.control.commands import ResumeSession
-from orchestrator.control.decide import (
+from orchestrator.control.effects import EffectRunner
+from orchestrator.control.launcher import Timeouts
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import ResumeSession
+from orchestrator.control.rules.decide import (
     CancelWork,
     MeasureAfterPreview,
     Readopt,
@@ -29,12 +31,10 @@ from orchestrator.control.decide import (
     StartRecovery,
     StartTeardown,
 )
-from orchestrator.control.download_state import HubRef, ModelDownload
-from orchestrator.control.effects import EffectRunner
-from orchestrator.control.launcher import Timeouts
-from orchestrator.control.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
+from orchestrator.control.rules.download_state import HubRef, ModelDownload
+from orchestrator.control.rules.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
+from orchestrator.control.rules.state import Fault, State
 from orchestrator.control.secrets import SecretStore
-from orchestrator.control.state import Fault, State
 from orchestrator.proc import wait_until
 from orchestrator.proc.clock import SYSTEM_CLOCK
 from orchestrator.registrar import RegistrarError, RouteState
@@ -106,7 +106,7 @@ class FakeModels:
 
 
 class World:
-    """The fake ports and what the runner's workers did through them."""
+    """The fake caps and what the runner's workers did through them."""
 
     def __init__(self, tmp_path: Path, agent: FakeAgent | None = None, registrar: FakeRegistrar | None = None) -> None:
         self.agent = agent or FakeAgent()
@@ -115,12 +115,12 @@ class World:
         self.submitted: list[Any] = []
         self.secrets = SecretStore(tmp_path)
         self.models = FakeModels()
-        self.ports = Capabilities(state=lambda: State(), post=self.events.append, submit=self.submitted.append,
+        self.caps = Capabilities(state=lambda: State(), post=self.events.append, submit=self.submitted.append,
                                   command=self._no_command, agent=lambda node_id: self.agent, registrar=self.registrar,
                                   secrets=self.secrets,
                                   timeouts=Timeouts(listen=5, healthy=5, stop=1, lease=6, routable=1),
                                   clock=SYSTEM_CLOCK, log=logs.get("test-effects"))
-        self.runner = EffectRunner(self.ports, self.models, lambda s: (None, None, ()))  # type: ignore[arg-type]
+        self.runner = EffectRunner(self.caps, self.models, lambda s: (None, None, ()))  # type: ignore[arg-type]
 
     @staticmethod
     def _no_command(command: Any) -> Any:

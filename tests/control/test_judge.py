@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control.coordinator_client import HealthLook, read_health
-from orchestrator.control.state import StageProgress, StageStatus
+from orchestrator.control.rules.state import StageProgress, StageStatus
 from orchestrator.control.watcher import at_rest, judge
 from orchestrator.engine.coordinator.health_report import HealthReport, StageReport
 from tests.support.sessions import running_session
@@ -63,7 +63,7 @@ def test_a_post_mortem_keeps_the_exit_status_the_stop_observed():
     """A look taken just before the stop saw a `kill -9`ed stage still running (not yet reaped):
     the post-mortem read "still running (faulted): killed" and dropped its SIGKILL (issue 20)."""
     from orchestrator.control.recovery import settled
-    from orchestrator.control.state import PostMortem
+    from orchestrator.control.rules.state import PostMortem
 
     before = PostMortem(process="stage-1", node_name="node-1", ended="still running (faulted): killed")
     dead = _alive("stage-1", 40001).model_copy(update={"alive": False, "signal": "SIGKILL"})

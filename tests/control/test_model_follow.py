@@ -22,7 +22,7 @@ import yaml
 
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import State
+from orchestrator.control.rules.state import State
 from orchestrator.proc import wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import AgentProc

@@ -10,8 +10,8 @@ import pytest
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.hub import HubFile, HubListing
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control import events as ev
-from orchestrator.control.commands import (
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import (
     CancelDownload,
     CommandRefused,
     DeleteModel,
@@ -20,11 +20,11 @@ from orchestrator.control.commands import (
     PrepareModel,
     ResumeDownload,
 )
-from orchestrator.control.decide import decide
-from orchestrator.control.download_events import ModelDeletionFinished, ModelDownloadFinished
-from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
-from orchestrator.control.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.decide import decide
+from orchestrator.control.rules.download_events import ModelDeletionFinished, ModelDownloadFinished
+from orchestrator.control.rules.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.rules.model_rules import CancelDownloadWork, DeleteModelFiles, RunDownload
+from orchestrator.control.rules.transitions import apply
 from tests.support.control_states import BASE, MODEL, SERVING, effect_types, kinds, session
 
 MB = 10**6

@@ -13,11 +13,11 @@ import pytest
 import requests
 import yaml
 
-from orchestrator.control.commands import CommandRefused
 from orchestrator.control.core import Orchestrator
-from orchestrator.control.download_state import HubRef
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import Settings, State
+from orchestrator.control.rules.commands import CommandRefused
+from orchestrator.control.rules.download_state import HubRef
+from orchestrator.control.rules.state import Settings, State
 from orchestrator.proc import wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import AgentProc

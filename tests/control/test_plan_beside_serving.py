@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from orchestrator.agent.device_schemas import Memory
 from orchestrator.agent.schemas import ProcessInfo
-from orchestrator.control.measured import timing_node
-from orchestrator.control.planning import own_memory, plan_for, plan_settings
-from orchestrator.control.state import Settings, State
+from orchestrator.control.rules.measured import timing_node
+from orchestrator.control.rules.planning import own_memory, plan_for, plan_settings
+from orchestrator.control.rules.state import Settings, State
 from orchestrator.planner import Plan, Refusal
 from tests.support.builders import MODEL, node, session
 from tests.support.control_states import HELD

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.state import Settings
 from tests.control.conftest import MODEL_ID, Env
 from tests.support.sessions import ask, healthy, pids, wait_router_lists
 

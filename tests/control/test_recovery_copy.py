@@ -17,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from orchestrator.control.state import Session
+from orchestrator.control.rules.state import Session
 from orchestrator.proc import wait_until
 from tests.control.conftest import MODEL_ID, Env
 from tests.support.recovery_rig import ended, pids, three_agents, vanish

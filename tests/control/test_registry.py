@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from orchestrator.control.core import CommandRefused, Orchestrator
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.state import Settings
 from orchestrator.registrar import ConfigFileRegistrar
 
 

@@ -8,11 +8,11 @@ from functools import partial
 import pytest
 
 from orchestrator.agent.schemas import FileEntry, Manifest, ModelInfo
-from orchestrator.control import events as ev
-from orchestrator.control.relocation import Move, choose_node, moved_toml, stage_bytes
-from orchestrator.control.session_toml import cluster_toml
-from orchestrator.control.state import Fault, Node, Session, Settings
-from orchestrator.control.timelines import recovery_steps, stage_moved
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.relocation import Move, choose_node, moved_toml, stage_bytes
+from orchestrator.control.rules.session_toml import cluster_toml
+from orchestrator.control.rules.state import Fault, Node, Session, Settings
+from orchestrator.control.rules.timelines import recovery_steps, stage_moved
 from tests.support import builders
 from tests.support.builders import index_of
 from tests.support.planner_inputs import uniform
@@ -139,7 +139,7 @@ def test_the_move_is_recorded_in_the_session_and_its_timeline() -> None:
 
 
 def test_a_copy_before_the_move_is_a_step_of_the_attempt_with_its_progress() -> None:
-    from orchestrator.control.timelines import copy_started, progress_detail
+    from orchestrator.control.rules.timelines import copy_started, progress_detail
 
     s = SESSION
     s = s.model_copy(update={"phase": "recovering", "recovery_attempt": 2,

@@ -11,11 +11,11 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler
 
-from orchestrator.control import events as ev
-from orchestrator.control.audit import event_lines
 from orchestrator.control.recovery import PAUSE_SLACK_S, fault_pause, follow_resume
-from orchestrator.control.state import ResumedRequests, Settings, State
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.audit import event_lines
+from orchestrator.control.rules.state import ResumedRequests, Settings, State
+from orchestrator.control.rules.transitions import apply
 from orchestrator.engine.coordinator.health_report import PauseReport
 from orchestrator.proc import SYSTEM_CLOCK
 from tests.support.builders import session

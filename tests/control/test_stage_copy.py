@@ -8,8 +8,8 @@ import pytest
 
 from orchestrator.agent.client import AgentError
 from orchestrator.agent.schemas import CheckResult, DownloadInfo, FileEntry, Manifest
+from orchestrator.control.rules.timelines import copy_timeout
 from orchestrator.control.stage_copy import CopyCancelled, CopyFailed, copy_model
-from orchestrator.control.timelines import copy_timeout
 
 MB = 1 << 20
 MANIFEST = Manifest(files={"a.safetensors": FileEntry(size=3 * MB, sha256="a" * 64),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.control import events as ev
-from orchestrator.control.state import Session, State
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import Session, State
+from orchestrator.control.rules.transitions import apply
 
 SESSION_EVENTS = [
     ev.LaunchStepped(session_id="{sid}", key="coordinator.healthy", state="done"),
@@ -47,7 +47,7 @@ def test_the_same_event_about_a_known_session_changes_it(event):
 
 
 def _launching(failed_step: bool) -> State:
-    from orchestrator.control.state import Step
+    from orchestrator.control.rules.state import Step
 
     steps = (Step(key="stage-0.listening", label="Stage 0 transport listening on port 39602", state="done"),
              Step(key="stage-1.listening", label="Stage 1 transport listening on port 39603",

@@ -3,9 +3,9 @@ fallback say which backend runs and why a requested one does not (pure)."""
 
 from __future__ import annotations
 
-from orchestrator.control.planning import session_from_plan
-from orchestrator.control.state import Session, State
-from orchestrator.control.timelines import timeline
+from orchestrator.control.rules.planning import session_from_plan
+from orchestrator.control.rules.state import Session, State
+from orchestrator.control.rules.timelines import timeline
 from orchestrator.planner import NodeFacts, Plan, PlanSettings, plan_cluster
 from tests.support.planner_inputs import bridge, lan_node, llama, rdma_nic
 from webapp.views.plan import transport_view

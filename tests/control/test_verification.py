@@ -1,17 +1,21 @@
-"""Verified copies (control/verification.py through transitions.apply, pure): what verifies a copy,
+"""Verified copies (control/rules/verification.py through transitions.apply, pure): what verifies a copy,
 and that its badge changes only when its files do — not after another model's Prepare, gone
 after a deletion or a changed manifest, and kept across a restart of the dashboard."""
 
 from __future__ import annotations
 
 from orchestrator.agent.schemas import FileEntry, Manifest
-from orchestrator.control import events as ev
-from orchestrator.control.download_events import ModelDeletionFinished, ModelDeletionStarted, ModelDownloadProgressed
-from orchestrator.control.download_state import NodeDownload
-from orchestrator.control.state import NodePreparation, Preparation, State
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.download_events import (
+    ModelDeletionFinished,
+    ModelDeletionStarted,
+    ModelDownloadProgressed,
+)
+from orchestrator.control.rules.download_state import NodeDownload
+from orchestrator.control.rules.state import NodePreparation, Preparation, State
+from orchestrator.control.rules.transitions import apply
+from orchestrator.control.rules.verification import fingerprint, verified_copy, verified_holders
 from orchestrator.control.store import load, save
-from orchestrator.control.transitions import apply
-from orchestrator.control.verification import fingerprint, verified_copy, verified_holders
 from tests.support.builders import node
 
 

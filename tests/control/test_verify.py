@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.control.commands import CommandRefused
 from orchestrator.control.core import Orchestrator
-from orchestrator.control.verification import verified_holders
+from orchestrator.control.rules.commands import CommandRefused
+from orchestrator.control.rules.verification import verified_holders
 from orchestrator.registrar import ConfigFileRegistrar
 
 WAIT = 60.0  # seconds: a loaded 2-core machine; each wait ends as soon as its condition holds

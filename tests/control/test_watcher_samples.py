@@ -9,9 +9,9 @@ import pytest
 
 from orchestrator.agent.schemas import ProcessInfo
 from orchestrator.control import coordinator_client as client_module
-from orchestrator.control import events as ev
-from orchestrator.control.state import Node, State
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import Node, State
+from orchestrator.control.rules.transitions import apply
 from orchestrator.control.watcher import BUSY_LIMIT_S, Watcher
 from orchestrator.proc import FakeClock
 from tests.support.sessions import running_session as session

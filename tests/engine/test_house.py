@@ -21,7 +21,7 @@ import mlx.nn as nn
 import pydantic
 import pytest
 
-from tests.control.test_purity import _cycle
+from tests.support.import_graph import cycle
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "orchestrator" / "engine"
@@ -65,7 +65,7 @@ def _imports(module: str, path: Path) -> set[str]:
 
 def test_the_engine_has_no_import_cycle() -> None:
     graph = {m: _imports(m, p) for m, p in MODULES.items()}
-    assert _cycle(graph) is None, f"import cycle in orchestrator/engine: {' -> '.join(_cycle(graph) or [])}"
+    assert cycle(graph) is None, f"import cycle in orchestrator/engine: {' -> '.join(cycle(graph) or [])}"
 
 
 def test_the_import_graph_sees_the_imports_it_is_meant_to_forbid() -> None:
@@ -104,4 +104,4 @@ def test_type_checking_blocks_only_import() -> None:
 
 @pytest.mark.parametrize("graph, cyclic", [({"a": {"b"}, "b": {"a"}}, True), ({"a": {"b"}, "b": set()}, False)])
 def test_the_cycle_finder_bites(graph: dict[str, set[str]], cyclic: bool) -> None:
-    assert (_cycle(graph) is not None) == cyclic
+    assert (cycle(graph) is not None) == cyclic

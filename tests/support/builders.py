@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.agent.schemas import Accelerator, Memory, ModelInfo, Ports, Report
-from orchestrator.control.state import Node, Session, StagePlacement
+from orchestrator.control.rules.state import Node, Session, StagePlacement
 from orchestrator.planner import NodeFacts
 
 MIB = 1 << 20

@@ -6,21 +6,21 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control.commands import (
+from orchestrator.control.rules.commands import (
     PreviewPlan,
 )
-from orchestrator.control.decide import (
+from orchestrator.control.rules.decide import (
     Decision,
     decide,
 )
-from orchestrator.control.state import (
+from orchestrator.control.rules.state import (
     Fault,
     NodePreparation,
     Preparation,
     Settings,
     State,
 )
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.transitions import apply
 from tests.support.builders import MODEL, model_info, node, session
 from tests.support.planner_inputs import llama
 

@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.control.core import Orchestrator
 from orchestrator.control.launcher import Timeouts
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.state import Settings
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.control.conftest import MODEL_ID, Env
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 
-from orchestrator.control.state import Session
+from orchestrator.control.rules.state import Session
 from orchestrator.proc import wait_until
 from tests.support import builders
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.control.state import (
+from orchestrator.control.rules.state import (
     DiscoveredNode,
     NodePreparation,
     Preparation,
@@ -13,7 +13,7 @@ from orchestrator.control.state import (
     StageStatus,
     State,
 )
-from orchestrator.control.timelines import timeline
+from orchestrator.control.rules.timelines import timeline
 from orchestrator.units import format_bytes
 from tests.support.builders import node, session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from orchestrator.control.state import Sample
+from orchestrator.control.rules.state import Sample
 from tests.support.view_states import cluster
 from webapp.views.charts import WINDOW_S, sparkline, step_chart, throughput_chart
 

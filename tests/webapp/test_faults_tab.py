@@ -3,7 +3,7 @@ coordinator's pause, as `RequestsResumed` recorded it on the fault."""
 
 from __future__ import annotations
 
-from orchestrator.control.state import Fault, ResumedRequests
+from orchestrator.control.rules.state import Fault, ResumedRequests
 from tests.support.builders import session
 from tests.support.control_states import BASE
 from tests.support.html import parse

@@ -12,7 +12,7 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
-from orchestrator.control.state import Settings
+from orchestrator.control.rules.state import Settings
 from orchestrator.proc import wait_until
 from tests.support import websocket
 from tests.support.html import parse
@@ -137,7 +137,7 @@ def test_a_node_report_refreshes_the_plan_cards_link_figures(rich):
     with a new measurement is pushed to every page showing the card, so two pages never keep the
     figures of whenever each last rendered it (e2e guard rails test_8 found viewer and admin apart)."""
     from orchestrator.agent.perf_schemas import LinkSample
-    from orchestrator.control import events as ev
+    from orchestrator.control.rules import events as ev
     from webapp.components import affected
 
     assert {"plan-preview"} <= set(affected("node_reported", ["plan-preview", "nodes"]))

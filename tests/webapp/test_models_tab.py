@@ -6,8 +6,8 @@ and e2e/test_models.py."""
 from __future__ import annotations
 
 from orchestrator.agent.hub import HubFile, HubListing
-from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
-from orchestrator.control.state import Session, StagePlacement
+from orchestrator.control.rules.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.rules.state import Session, StagePlacement
 from tests.support.builders import node
 from tests.support.html import parse
 from tests.webapp.conftest import Web, csrf_of
@@ -29,7 +29,7 @@ def state_with_models(web_state):
                                              host="10.0.0.6", port=39600),),
                       coordinator_node="fa", coordinator_host="10.0.0.6", coordinator_port=39601, phase="running",
                       health="Healthy")
-    from orchestrator.control.state import VerifiedCopy
+    from orchestrator.control.rules.state import VerifiedCopy
 
     return web_state.model_copy(update={"nodes": (a, b), "downloads": (dl,), "sessions": (session,),
                                         "verified": (VerifiedCopy(model_id="tiny", node_id="fa"),)})
@@ -133,7 +133,7 @@ def test_the_download_form_offers_nodes_added_later_without_replacing_what_is_ty
 
 
 def test_a_holders_session_says_serving_only_once_healthy():
-    from orchestrator.control.state import StageStatus
+    from orchestrator.control.rules.state import StageStatus
     from tests.support.view_states import cluster
     from webapp.views.sessions import session_state
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.control.decide import serving_conflict
-from orchestrator.control.state import NodePreparation, Preparation, StageStatus
+from orchestrator.control.rules.decide import serving_conflict
+from orchestrator.control.rules.state import NodePreparation, Preparation, StageStatus
 from orchestrator.units import format_bytes
 from tests.support.builders import report
 from tests.support.html import parse

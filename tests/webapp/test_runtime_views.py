@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator.agent.device_memory import HostMemory, cuda_memory, host_memory
 from orchestrator.agent.device_schemas import Runtime
-from orchestrator.control.state import Node
+from orchestrator.control.rules.state import Node
 from tests.agent.test_device_memory import CUDA_INFO
 from tests.support.view_states import rich_state
 from webapp.views.cluster import form_view

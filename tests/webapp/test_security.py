@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.control import events as ev
-from orchestrator.control.state import Node, Settings
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import Node, Settings
 from tests.webapp.conftest import Web, csrf_of
 
 # Every state-changing request of the dashboard, with a body that would succeed or fail on

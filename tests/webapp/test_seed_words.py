@@ -5,14 +5,15 @@ looks chosen."""
 
 from __future__ import annotations
 
-from orchestrator.control import events as ev
-from orchestrator.control.state import Fault, NodePreparation, Preparation
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import Fault, NodePreparation, Preparation
 from orchestrator.planner.predict import Boundary, Performance
 from tests.support.builders import session
 from tests.support.control_states import BASE, HELD, MODEL, with_models
 from tests.support.html import parse
 from tests.support.view_states import plan, rich_state
 from tests.webapp.conftest import Web
+from webapp.touches import CHAT_MODELS, TOUCHES
 from webapp.views.cluster import prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.sessions import fault_rows
@@ -61,7 +62,7 @@ def test_the_chat_picker_keeps_a_recovering_model_and_knows_when_its_cluster_fau
     body = still.client("admin").get("/chat/models").get_json()
     assert body == {"models": [], "recovering": [MODEL], "faulted": {MODEL: 123.0}}
     # and the Chat page is told to ask again when the cluster faults and when it is back
-    assert all(ev.CHAT_MODELS in e.touches for e in (ev.SessionFaulted, ev.RecoveryFailed, ev.SessionRecovered))
+    assert all(CHAT_MODELS in TOUCHES[e] for e in (ev.SessionFaulted, ev.RecoveryFailed, ev.SessionRecovered))
 
 
 def test_a_plan_card_gives_a_links_figures_once(still: Web):

@@ -4,7 +4,7 @@ refuses a Hub repo of another model than the selected one, changing nothing."""
 
 from __future__ import annotations
 
-from orchestrator.control.state import NodePreparation, Preparation
+from orchestrator.control.rules.state import NodePreparation, Preparation
 from tests.support.html import parse
 from tests.webapp.conftest import Web, csrf_of
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control.state import State
+from orchestrator.control.rules.state import State
 from tests.support.builders import node
 from tests.support.html import parse
 from tests.support.planner_inputs import llama

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from orchestrator.agent.schemas import ProcessInfo
-from orchestrator.control.state import State
-from orchestrator.control.timing_events import LayerTimingChanged
-from orchestrator.control.transitions import apply
+from orchestrator.control.rules.state import State
+from orchestrator.control.rules.timing_events import LayerTimingChanged
+from orchestrator.control.rules.transitions import apply
 from tests.support.builders import MODEL, node, session
 from tests.support.control_states import HELD
 from webapp.views.plan import measuring_text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from tests.support.view_states import cluster, failed_cluster, plan, rich_state
+from webapp.components import COMPONENTS
+from webapp.touches import LIVE_COMPONENTS
 from webapp.views.cluster import form_view, launch_summary, monitor_view, prepare_view
 from webapp.views.context import ViewContext
 from webapp.views.plan import fit_bar, plan_view
@@ -68,10 +70,9 @@ def test_prepare_rows_keep_why_a_node_copies():
 
 
 def test_live_components_refresh_on_the_events_that_touch_them():
-    """Each live component's kinds come from the event classes (`touches`); none is lost from
-    the sets written by hand before, and only live components are named."""
-    from orchestrator.control.events import LIVE_COMPONENTS
-    from webapp.components import COMPONENTS
+    """Each live component's kinds come from the webapp's table of what each event touches
+    (webapp/touches.py); none is lost from the sets written by hand before, and only live
+    components are named."""
 
     live = {c.name: c.kinds for c in COMPONENTS if c.live}
     assert set(live) == LIVE_COMPONENTS and all(live.values())
@@ -100,7 +101,7 @@ def test_live_components_refresh_on_the_events_that_touch_them():
 def test_the_form_answers_for_the_users_own_selection_and_a_hub_repo_chooses_its_model():
     from werkzeug.datastructures import MultiDict
 
-    from orchestrator.control.state import NodePreparation, Preparation
+    from orchestrator.control.rules.state import NodePreparation, Preparation
 
     st = rich_state().model_copy(update={"sessions": (), "preparation": Preparation(
         model_id="smol", finished=True,
@@ -132,7 +133,7 @@ def test_stage_cards_during_a_launch_say_what_the_launch_saw():
     rows = stage_rows(s.model_copy(update={"timeline": steps, "stage_status": ()}))
     assert [(r["alive"], r["listening"]) for r in rows] == [(True, True), (True, None)]
     # the watcher's own look wins once it has one
-    from orchestrator.control.state import StageStatus
+    from orchestrator.control.rules.state import StageStatus
 
     seen = s.model_copy(update={"timeline": steps, "stage_status": (StageStatus(alive=False, port_listening=False),)})
     assert (stage_rows(seen)[0]["alive"], stage_rows(seen)[0]["listening"]) == (False, False)
@@ -185,7 +186,7 @@ def test_a_link_too_fast_to_measure_says_so_with_the_figure_the_plan_uses():
 
 def test_the_link_matrix_and_the_plan_take_the_round_trip_on_the_transports_path():
     from orchestrator.agent.perf_schemas import LinkSample
-    from orchestrator.control.measured import links_of
+    from orchestrator.control.rules.measured import links_of
     from webapp.views.perf import link_matrix
 
     st = rich_state()
@@ -224,7 +225,7 @@ def test_layers_timed_on_a_busy_machine_are_said_to_make_a_doubtful_prediction()
 
 
 def test_a_stage_card_shows_its_prompt_cache():
-    from orchestrator.control.state import StageCache
+    from orchestrator.control.rules.state import StageCache
     from webapp.views.sessions import cache_text
 
     assert cache_text(None) is None
@@ -233,7 +234,7 @@ def test_a_stage_card_shows_its_prompt_cache():
 
 
 def test_the_last_stage_card_shows_how_speculation_verifies():
-    from orchestrator.control.state import Speculation
+    from orchestrator.control.rules.state import Speculation
     from webapp.views.sessions import speculation_text, stage_rows
 
     assert speculation_text(None) is None

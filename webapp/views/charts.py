@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from orchestrator.control.state import Session
+from orchestrator.control.rules.state import Session
 
 WINDOW_S = 30.0
 WIDTH, HEIGHT, PAD = 200.0, 40.0, 3.0

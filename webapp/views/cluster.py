@@ -8,13 +8,13 @@ from typing import Any
 
 from orchestrator.agent.device_schemas import MEMORY_WORDS
 from orchestrator.agent.schemas import Report
-from orchestrator.control.commands import CommandRefused
-from orchestrator.control.selection import Selection, hub_conflict, launch_blocker, preparation_label
-from orchestrator.control.state import NodePreparation, Session, State
+from orchestrator.control.rules.commands import CommandRefused
+from orchestrator.control.rules.state import NodePreparation, Session, State
 from orchestrator.planner.facts import node_facts_from_report
 from webapp.views.charts import throughput_chart
 from webapp.views.context import ViewContext
 from webapp.views.format import percent, rate, size, unsupported_text
+from webapp.views.selection import Selection, hub_conflict, launch_blocker, preparation_label
 from webapp.views.sessions import shown_health, stage_rows
 
 # The seed's three classes (Present / Needs download / Mismatch); how a Present copy was verified
@@ -123,7 +123,7 @@ def selection_from(state: State, form: Any) -> Selection:
 
 def choice_view(state: State, form: Any, offered: list[dict[str, Any]]) -> dict[str, Any]:
     """What the form shows for one selection: the choice, the hub model offered when no node has
-    it yet, the hub repo's disagreement, and why Launch waits (control/selection.py)."""
+    it yet, the hub repo's disagreement, and why Launch waits (webapp/views/selection.py)."""
     chosen = selection_from(state, form)
     _, hub_error = hub_model_of(chosen.hub_repo)
     known = {m["id"] for m in offered}

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from orchestrator.agent.hub import HubListing
-from orchestrator.control.download_state import ModelDownload
-from orchestrator.control.state import State
-from orchestrator.control.verification import verified_copy
+from orchestrator.control.rules.download_state import ModelDownload
+from orchestrator.control.rules.state import State
+from orchestrator.control.rules.verification import verified_copy
 from webapp.views.context import ViewContext
 from webapp.views.format import duration, percent, rate, size, unsupported_text
 from webapp.views.sessions import session_state

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.agent.device_schemas import MEMORY_WORDS
-from orchestrator.control.state import State
-from orchestrator.control.transitions import serving_node_ids
+from orchestrator.control.rules.state import State
+from orchestrator.control.rules.transitions import serving_node_ids
 from webapp.views.context import ViewContext
 from webapp.views.format import size, unsupported_text
 from webapp.views.sessions import session_state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.control.state import Node, State
+from orchestrator.control.rules.state import Node, State
 from orchestrator.planner.predict import Performance
 from webapp.views.format import duration
 

@@ -8,15 +8,15 @@ from typing import Any
 
 from orchestrator.agent.device_schemas import MEMORY_WORDS
 from orchestrator.agent.timing_doubt import profile_doubt
-from orchestrator.control.measured import missing, timing_node
-from orchestrator.control.selection import plan_label
-from orchestrator.control.state import State
+from orchestrator.control.rules.measured import missing, timing_node
+from orchestrator.control.rules.state import State
 from orchestrator.planner import Plan
 from orchestrator.planner.facts import free_words
 from orchestrator.planner.transport import TransportPlan
 from webapp.views.context import ViewContext
 from webapp.views.format import size
 from webapp.views.perf import link_matrix, performance_view
+from webapp.views.selection import plan_label
 
 PARTS = (("weights", "weight_bytes", "weights"), ("kv", "kv_cache_bytes", "KV cache"),
          ("overhead", "overhead_bytes", "overhead"), ("cache", "prompt_cache_bytes", "prompt cache"))

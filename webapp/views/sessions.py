@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from orchestrator.control.state import Fault, Session, Speculation, StageCache, StageProgress, State
+from orchestrator.control.rules.state import Fault, Session, Speculation, StageCache, StageProgress, State
 from webapp.views.charts import step_chart, throughput_chart
 from webapp.views.context import ViewContext
 from webapp.views.format import size

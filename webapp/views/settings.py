@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.control.state import State
+from orchestrator.control.rules.state import State
 from webapp.views.context import ViewContext
 
 TRANSPORTS = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.control.state import Node, State
+from orchestrator.control.rules.state import Node, State
 from orchestrator.planner import NodeFacts
 from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
 

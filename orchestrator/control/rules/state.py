@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from orchestrator.agent.schemas import Report
-from orchestrator.control.download_state import ModelDeletion, ModelDownload
+from orchestrator.control.rules.download_state import ModelDeletion, ModelDownload
 from orchestrator.planner import Plan, Refusal
 
 
@@ -288,7 +288,7 @@ class PreviewedPlan(_Frozen):
 
 
 class VerifiedCopy(_Frozen):
-    """A node's copy of a model the dashboard checked file by file (sha256) (control/verification.py)."""
+    """A node's copy of a model the dashboard checked file by file (sha256) (control/rules/verification.py)."""
 
     model_id: str
     node_id: str
@@ -327,7 +327,7 @@ class State(_Frozen):
     plan: PreviewedPlan | None = None  # the last previewed plan, shown to every viewer
     verified: tuple[VerifiedCopy, ...] = ()  # copies the dashboard checked, while their files stay
     checks: tuple[CopyCheck, ...] = ()  # Verify on request: the latest per copy
-    timing: TimingRun | None = None  # the layer timing under way (not saved: control/timing_events.py)
+    timing: TimingRun | None = None  # the layer timing under way (not saved: control/rules/timing_events.py)
     version: int = 0
 
     def node(self, node_id: str) -> Node | None:

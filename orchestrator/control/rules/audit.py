@@ -18,8 +18,8 @@ import logging
 import re
 from typing import Any
 
-from orchestrator.control import events as ev
-from orchestrator.control.state import State
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import State
 from orchestrator.planner import Refusal
 
 Line = tuple[int, str, dict[str, object]]  # level, dotted name, fields

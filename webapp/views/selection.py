@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.control.decide import serving_conflict
-from orchestrator.control.state import Preparation, PreviewedPlan, State
+from orchestrator.control.rules.decide import serving_conflict
+from orchestrator.control.rules.state import Preparation, PreviewedPlan, State
 from orchestrator.planner import Refusal
 
 

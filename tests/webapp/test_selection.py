@@ -1,11 +1,14 @@
-"""One selection on the Distributed page (control/selection.py, pure): which cards belong to the
+"""One selection on the Distributed page (webapp/views/selection.py, pure): which cards belong to the
 form's choice, what a Hub repo that disagrees says, and why Launch waits — a decide table."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.control.selection import (
+from orchestrator.control.rules.state import NodePreparation, Preparation, State
+from tests.support.builders import node
+from tests.support.view_states import plan
+from webapp.views.selection import (
     Selection,
     hub_conflict,
     launch_blocker,
@@ -14,9 +17,6 @@ from orchestrator.control.selection import (
     preparation_label,
     preparation_matches,
 )
-from orchestrator.control.state import NodePreparation, Preparation, State
-from tests.support.builders import node
-from tests.support.view_states import plan
 
 NODES = (node("node-a", models=["smol", "tiny"]), node("node-b"), node("node-c"))
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from orchestrator.control.download_state import DownloadPhase, ModelDeletion, ModelDownload, NodeDownload
-from orchestrator.control.event_base import LOCAL_MODELS, MODEL_DOWNLOADS, Event
-from orchestrator.control.state import State
+from orchestrator.control.rules.download_state import DownloadPhase, ModelDeletion, ModelDownload, NodeDownload
+from orchestrator.control.rules.event_base import Event
+from orchestrator.control.rules.state import State
 
 KEPT = 8  # finished downloads kept for the dashboard (running ones are always kept)
 
@@ -16,7 +16,6 @@ class ModelDownloadStarted(Event):
 
     kind: Literal["model_download_started"] = "model_download_started"
     persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     download: ModelDownload
 
 
@@ -25,7 +24,6 @@ class ModelDownloadProgressed(Event):
 
     kind: Literal["model_download_progressed"] = "model_download_progressed"
     persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     node: NodeDownload
 
@@ -35,7 +33,6 @@ class ModelDownloadListed(Event):
 
     kind: Literal["model_download_listed"] = "model_download_listed"
     persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     commit: str
     total_bytes: int
@@ -47,7 +44,6 @@ class ModelDownloadFinished(Event):
 
     kind: Literal["model_download_finished"] = "model_download_finished"
     persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS, MODEL_DOWNLOADS})
     model_id: str
     phase: DownloadPhase
     error: str = ""
@@ -58,7 +54,6 @@ class DownloadsCleared(Event):
 
     kind: Literal["downloads_cleared"] = "downloads_cleared"
     persisted: ClassVar[bool] = False  # downloads.json is models.py's own record
-    touches: ClassVar[frozenset[str]] = frozenset({MODEL_DOWNLOADS})
 
 
 class ModelDeletionStarted(Event):
@@ -66,7 +61,6 @@ class ModelDeletionStarted(Event):
 
     kind: Literal["model_deletion_started"] = "model_deletion_started"
     persisted: ClassVar[bool] = False  # a restart asks the agent again, which knows
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS})
     model_id: str
     node_id: str
 
@@ -76,7 +70,6 @@ class ModelDeletionFinished(Event):
 
     kind: Literal["model_deletion_finished"] = "model_deletion_finished"
     persisted: ClassVar[bool] = False
-    touches: ClassVar[frozenset[str]] = frozenset({LOCAL_MODELS})
     model_id: str
     node_id: str
     error: str = ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from orchestrator.control.state import Sample, StageStatus
+from orchestrator.control.rules.state import Sample, StageStatus
 
 TOKENS_METRIC = "pipeserve_generated_tokens_total"
 IN_FLIGHT_METRIC = "pipeserve_requests_in_flight"

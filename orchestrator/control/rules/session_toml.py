@@ -7,7 +7,7 @@ one TOML writer, so a bug fails before anything starts.
 
 from __future__ import annotations
 
-from orchestrator.control.state import Session
+from orchestrator.control.rules.state import Session
 from orchestrator.engine.config import ClusterConfig
 from orchestrator.planner.cluster_toml import engine_address, render_cluster_toml
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control.state import State, VerifiedCopy
+from orchestrator.control.rules.state import State, VerifiedCopy
 
 
 def fingerprint(info: ModelInfo) -> str:

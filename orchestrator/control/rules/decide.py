@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from orchestrator.control import events as ev
-from orchestrator.control.commands import (
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.commands import (
     AddNode,
     CancelDownload,
     ClearDownloads,
@@ -34,9 +34,9 @@ from orchestrator.control.commands import (
     UpdateSettings,
     VerifyCopy,
 )
-from orchestrator.control.download_events import DownloadsCleared
-from orchestrator.control.measured import lacking
-from orchestrator.control.model_rules import (
+from orchestrator.control.rules.download_events import DownloadsCleared
+from orchestrator.control.rules.measured import lacking
+from orchestrator.control.rules.model_rules import (
     ModelEffect,
     decide_cancel,
     decide_delete,
@@ -45,7 +45,7 @@ from orchestrator.control.model_rules import (
     decide_verify,
     deletion_conflict,
 )
-from orchestrator.control.planning import (
+from orchestrator.control.rules.planning import (
     PlanningError,
     plan_for,
     plan_settings,
@@ -53,12 +53,12 @@ from orchestrator.control.planning import (
     session_name,
     single_session,
 )
-from orchestrator.control.state import Health, PreviewedPlan, Session, State
-from orchestrator.control.timelines import timeline
+from orchestrator.control.rules.state import Health, PreviewedPlan, Session, State
+from orchestrator.control.rules.timelines import timeline
 from orchestrator.planner import Plan, Refusal, plan_to_cluster_toml
 
 if TYPE_CHECKING:
-    from orchestrator.control.download_state import HubRef
+    from orchestrator.control.rules.download_state import HubRef
 
 LIVE = ("launching", "running", "recovering")  # phases a stop applies to
 

@@ -10,17 +10,15 @@ session ids.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
-from urllib.parse import urlsplit
 
-from orchestrator.control.state import Node, Session, Settings
+from orchestrator.control.rules.state import Node, Session, Settings
 
 if TYPE_CHECKING:
     from orchestrator.agent.hub import HubListing
-    from orchestrator.control.download_state import HubRef, ModelDownload
+    from orchestrator.control.rules.download_state import HubRef, ModelDownload
 
 Split = tuple[tuple[int, int], ...]  # a manual split: inclusive (first, last) layer range per stage
 
@@ -178,19 +176,6 @@ class DeleteModel:
 Command = Union[UpdateSettings, AddNode, RemoveNode, PrepareModel, PreviewPlan, LaunchCluster, LaunchSingle,
                 LaunchSession, StopSession, ResumeSession, DownloadModel, ResumeDownload, CancelDownload, DeleteModel,
                 VerifyCopy, ClearDownloads]
-
-
-def agent_url(address: str) -> str:
-    """Normalise "host:port" or "http://host:port" to http://IP:port (engine addresses are IP literals)."""
-    text = address.strip()
-    parts = urlsplit(text if "://" in text else f"http://{text}")
-    if parts.scheme != "http" or not parts.hostname or not parts.port or parts.path not in ("", "/"):
-        raise CommandRefused(f"address {address!r}: expected host:port of a node agent, e.g. 192.168.1.20:39500")
-    try:
-        ip = socket.gethostbyname(parts.hostname)
-    except OSError:
-        raise CommandRefused(f"address {address!r}: cannot resolve {parts.hostname!r}") from None
-    return f"http://{ip}:{parts.port}"
 
 
 def new_session_id() -> str:

@@ -10,8 +10,8 @@ does I/O or imports a module that does (tests/control/test_purity.py).
 
 from __future__ import annotations
 
-from orchestrator.control import events as ev
-from orchestrator.control.state import ResumedRequests, Session, Step
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules.state import ResumedRequests, Session, Step
 from orchestrator.units import format_bytes, format_rate
 
 BACKOFF_S = (0.0, 1.0, 2.0, 4.0, 8.0)  # before attempt 1, 2, 3, ...; covers an agent restarting

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from orchestrator.agent.hub import HubListing
 from orchestrator.agent.names import InvalidName, check_model_id
-from orchestrator.control.commands import (
+from orchestrator.control.rules.commands import (
     CancelDownload,
     CommandRefused,
     DeleteModel,
@@ -22,11 +22,11 @@ from orchestrator.control.commands import (
     ResumeDownload,
     VerifyCopy,
 )
-from orchestrator.control.download_events import ModelDeletionStarted, ModelDownloadStarted, deleting
-from orchestrator.control.download_state import HubRef, ModelDownload, NodeDownload
-from orchestrator.control.events import CopyCheckStarted
-from orchestrator.control.state import State
-from orchestrator.control.verification import verified_holders
+from orchestrator.control.rules.download_events import ModelDeletionStarted, ModelDownloadStarted, deleting
+from orchestrator.control.rules.download_state import HubRef, ModelDownload, NodeDownload
+from orchestrator.control.rules.events import CopyCheckStarted
+from orchestrator.control.rules.state import State
+from orchestrator.control.rules.verification import verified_holders
 
 DISK_MARGIN = 64 << 20  # what a node keeps free beyond the model (logs, caches)
 ENDED = ("stopped", "failed")  # session phases that no longer use their nodes' models

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from orchestrator.control.event_base import PLAN_PREVIEW, Event
-from orchestrator.control.state import State, TimingRun
+from orchestrator.control.rules.event_base import Event
+from orchestrator.control.rules.state import State, TimingRun
 
 
 class LayerTimingChanged(Event):
@@ -18,7 +18,6 @@ class LayerTimingChanged(Event):
 
     kind: Literal["layer_timing_changed"] = "layer_timing_changed"
     persisted: ClassVar[bool] = False  # a restarted dashboard times again when a preview asks
-    touches: ClassVar[frozenset[str]] = frozenset({PLAN_PREVIEW})
     node_id: str
     model_id: str
     started_at: float | None = None

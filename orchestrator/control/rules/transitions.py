@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.control import events as ev
-from orchestrator.control import verification
-from orchestrator.control.download_events import (
+from orchestrator.control.rules import events as ev
+from orchestrator.control.rules import verification
+from orchestrator.control.rules.download_events import (
     DownloadsCleared,
     ModelDeletionFinished,
     ModelDeletionStarted,
@@ -14,9 +14,9 @@ from orchestrator.control.download_events import (
     ModelDownloadStarted,
     apply_download,
 )
-from orchestrator.control.state import SAMPLES, CopyCheck, Fault, Node, Preparation, Session, Settings, State
-from orchestrator.control.timelines import copy_started, recovery_steps, resumed_step, stage_moved
-from orchestrator.control.timing_events import LayerTimingChanged, apply_timing
+from orchestrator.control.rules.state import SAMPLES, CopyCheck, Fault, Node, Preparation, Session, Settings, State
+from orchestrator.control.rules.timelines import copy_started, recovery_steps, resumed_step, stage_moved
+from orchestrator.control.rules.timing_events import LayerTimingChanged, apply_timing
 
 HISTORY = 5  # ended sessions kept for the monitor
 FAULTS = 20  # faults kept per session (each with its post-mortems)

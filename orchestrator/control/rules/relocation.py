@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control.state import Node, Session, Settings, StagePlacement
+from orchestrator.control.rules.state import Node, Session, Settings, StagePlacement
 from orchestrator.engine.config import ClusterConfig
 from orchestrator.planner import PlanSettings
 from orchestrator.planner.cluster_toml import engine_address, render_cluster_toml

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from orchestrator.agent.schemas import ModelInfo
-from orchestrator.control.measured import with_performance
-from orchestrator.control.session_toml import cluster_toml
-from orchestrator.control.state import Node, Session, Settings, StagePlacement, State
+from orchestrator.control.rules.measured import with_performance
+from orchestrator.control.rules.session_toml import cluster_toml
+from orchestrator.control.rules.state import Node, Session, Settings, StagePlacement, State
 from orchestrator.planner import (
     NodeFacts,
     Plan,
