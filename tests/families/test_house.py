@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.control.test_purity import _cycle
+from tests.support.import_graph import cycle
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("orchestrator", "webapp")  # the project's own top-level packages
@@ -88,7 +88,7 @@ def package_graph(root: Path) -> tuple[dict[str, set[str]], dict[tuple[str, str]
 def package_cycle(root: Path) -> str | None:
     """One loop between top-level packages, each step with an import that makes it; None when none."""
     graph, witness = package_graph(root)
-    found = _cycle(graph)
+    found = cycle(graph)
     if found is None:
         return None
     return "; ".join(f"{a} -> {b} ({witness[a, b]})" for a, b in zip(found, found[1:], strict=False))
@@ -118,7 +118,7 @@ def test_no_two_top_level_packages_import_each_other() -> None:
 
 @pytest.mark.parametrize("package", ["families", "models", "planner"])  # engine's and control's: their own tests
 def test_no_module_of_a_package_imports_one_that_imports_it_back(package: str) -> None:
-    assert _cycle(module_graph(ROOT, package)) is None
+    assert cycle(module_graph(ROOT, package)) is None
 
 
 def test_engine_models_planner_and_agent_read_the_family_facts() -> None:
@@ -169,6 +169,6 @@ def test_a_loop_between_modules_of_a_package_is_found(tmp_path: Path) -> None:
     root = _write(tmp_path, {"orchestrator/__init__.py": "", "orchestrator/families/__init__.py": "",
                              "orchestrator/families/support.py": "from orchestrator.families.names import FAMILIES\n",
                              "orchestrator/families/names.py": "def late():\n    from . import support\n"})
-    assert _cycle(module_graph(root, "families")) is not None
+    assert cycle(module_graph(root, "families")) is not None
     (root / "orchestrator/families/names.py").write_text("FAMILIES = {}\n")
-    assert _cycle(module_graph(root, "families")) is None
+    assert cycle(module_graph(root, "families")) is None
