@@ -50,6 +50,7 @@ from orchestrator.engine.coordinator.prefill_batch import PrefillBatch, aligned_
 from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
 from orchestrator.engine.coordinator.prompt_caching import PromptCache
 from orchestrator.engine.coordinator.requests import Active, Book, Held
+from orchestrator.engine.coordinator.resume import replay_groups
 from orchestrator.engine.coordinator.speculation import Speculation
 from orchestrator.engine.coordinator.watchdog import Watchdog, canary_interval, stall_timeout
 from orchestrator.engine.stage.faults import Faults
@@ -230,12 +231,19 @@ class Pipeline:
         its client has — compared token by token, never sent twice — then goes on."""
         held, self.requests.held = self.requests.held, []
         self.pauses.resuming(now())
+        replaying = []
         for h in held:
             self.log.info("request.resuming", tokens=len(h.tokens), held_s=round(now() - h.since, 3))
             replay: list[int | None] = list(h.tokens)
             if "resume-drop" in self.faults.kinds:
                 replay.append(None)  # test-only: one token generated and never sent
-            self._admit(h.gen, internal=False, replay=replay)
+            a = self._admit(h.gen, internal=False, replay=replay)
+            if a is not None and a.replay:
+                replaying.append(a)
+        # Every known token's decode step at once, pipelined through the stages (resume.py).
+        for group in replay_groups(replaying):
+            if not self._send(0, group):
+                return
 
     def _fail_held(self, message: str | None = None) -> None:
         """Held requests fail: all of them with `message`, or (None) those held past the resume deadline."""
@@ -259,14 +267,14 @@ class Pipeline:
         a.generated += 1
         a.tokens.append(token)
         a.next_token = token
-        if not a.replay:
+        if not a.replay:  # its steps went out together (resume.py): the next one waits for this last one
             self.metrics.resumed(True)
             self.pauses.resumed(a.gen, now())
             self.log.info("request.resumed", request=a.rid, tokens=a.generated)
             if "resume-repeat" in self.faults.kinds:
                 self._emit(a.gen, TokenEvent(token, 0.0))  # test-only: a token sent twice
-        if last:
-            self.requests.ready.append(a.rid)
+            if last:
+                self.requests.ready.append(a.rid)
 
     def _shutdown(self) -> None:
         self._fail_all("coordinator shutting down")
@@ -291,18 +299,19 @@ class Pipeline:
 
     # --- requests in ------------------------------------------------------------------------
     def _admit(self, gen: Generation, internal: bool, canary: bool = False,
-               replay: list[int | None] | None = None) -> None:
+               replay: list[int | None] | None = None) -> Active | None:
         """Start a request: its OPEN and prefill chunks go to stage 0, then its first decode step.
-        `replay`: a resumed request, with the tokens its client has (generated again first, not sent)."""
+        `replay`: a resumed request, with the tokens its client has; its decode steps that generate
+        them again are the caller's to send (`_resume_held`). Returns the request, if admitted."""
         if not internal and self._state != "ready":
             self._emit(gen, Failed(f"pipeline is {self._state}: {self._reason}"))
             self.pauses.lost(gen, now())
-            return
+            return None
         # the readiness probe and the idle canary are never counted as requests: with max_requests = 1
         # a canary in flight must not turn the one allowed request away; a resumed one was counted
         if not internal and replay is None and self.requests.public_count() >= self.max_requests:
             self._emit(gen, Failed(f"too many requests in flight ({self.max_requests}); retry later", 429))
-            return
+            return None
         prompt = gen.prompt
         # A resumed request starts cold: the index was emptied with the lost stage.
         reuse = None if internal or replay is not None else self.cache.plan(prompt, gen.scope)
@@ -327,12 +336,17 @@ class Pipeline:
                                                       **self.prompt_cache.disk_part(prompt[:end], "system",
                                                                                     gen.scope)}))
             if not self._send(0, frames):
-                return
+                return None
             first = []
         a.position = len(prompt) - 1
         a.next_token = prompt[-1]
-        self._launch([a], first)
+        if a.replay:
+            if first and not self._send(0, first):
+                return None
+        else:
+            self._launch([a], first)
         self.metrics.set_in_flight(self.requests.public_count())
+        return a
 
     def _open(self, gen: Generation, internal: bool, canary: bool = False, reuse: Reuse | None = None,
               resumed: bool = False) -> Active:
@@ -468,8 +482,8 @@ class Pipeline:
             self._finish(a, Failed(f"bad result from the last stage: {exc}", 502))
             return
         a.position = f.position
-        if a.cancelled:
-            self._finish(a, None)
+        if a.cancelled:  # mid-replay, later steps are still out: its cache is no entry to keep
+            self._finish(a, None, save=not a.replay)
             return
         if a.replay:
             self._replayed(a, token, last)
