@@ -146,6 +146,12 @@ class Server(ThreadingHTTPServer):
         """Connections being served now."""
         return self._active
 
+    @property
+    def busy_connections(self) -> int:
+        """Connections with a request being answered now (not waiting, idle, for their next one)."""
+        with self._lock:
+            return self._active - len(self._idle)
+
     def get_request(self) -> tuple[socket.socket, Any]:
         try:
             return super().get_request()

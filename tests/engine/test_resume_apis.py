@@ -20,13 +20,12 @@ import threading
 import anthropic
 import openai
 import pytest
-import requests
 
 from orchestrator.engine.local_pipeline import LocalPipeline
 from orchestrator.proc import wait_until
 from orchestrator.registrar import ConfigFileRegistrar
 from tests.support.agents import gone
-from tests.support.resume import Killer, Stream, answer, ended_with_an_error, held_tokens, resumed
+from tests.support.resume import Killer, Stream, answer, ended_with_an_error, held_tokens, in_flight, resumed
 from tests.support.router import served_requests, write_yaml
 from tests.support.tool_requests import ASK, BOUNDED_TOOLS
 
@@ -251,11 +250,14 @@ def strip_ids(stream: Stream) -> list:
     return [strip(data) for _, data in stream.events]
 
 
-def test_with_holding_off_every_stream_ends_with_an_error_and_nothing_is_left(chat_model, launch):
-    """No resume (a deadline of 0, as with restarts off): a stage killed under four streams — completions,
-    chat, messages, responses — ends each with its API's error event and no sign of completion ([DONE],
-    message_stop, response.completed); stopped, no engine process is left."""
-    cluster = launch(chat_model, [(0, 1), (2, 3)], env={"PIPESERVE_RESUME_DEADLINE_S": "0"})
+@pytest.mark.parametrize("how", ["holding off", "torn down while held"])
+def test_with_restarts_off_every_stream_ends_with_an_error_and_nothing_is_left(chat_model, launch, how):
+    """Four streams — completions, chat, messages, responses — under a stage that is killed. With holding off
+    (a resume deadline of 0) they fail at once; held, they end when the cluster is torn down as restarts off
+    do (every process stopped, the coordinator first). Either way each ends with its API's error event and
+    no sign of completion ([DONE], message_stop, response.completed), and no engine process is left."""
+    cluster = launch(chat_model, [(0, 1), (2, 3)],
+                     env={"PIPESERVE_RESUME_DEADLINE_S": "0"} if how == "holding off" else {})
     model, long = chat_model.name, 400  # long enough that every stream is still running at the kill
     bodies = {
         "/v1/completions": {"model": model, "prompt": "Once upon a time", "max_tokens": long, "stream": True},
@@ -269,15 +271,18 @@ def test_with_holding_off_every_stream_ends_with_an_error_and_nothing_is_left(ch
     for t in readers:
         t.start()
     assert all(s.first.wait(60) for s in streams.values()), "a stream never started"
-    wait_until(lambda: requests.get(cluster.base_url + "/health", timeout=5).json()["in_flight"] == len(bodies), 30,
-               0.01, "every stream generating")
+    wait_until(lambda: in_flight(cluster.base_url) == len(bodies), 30, 0.01, "every stream generating")
     cluster.kill("stage-1")
+    pids = [p.pid for p in cluster.procs.values()]
+    if how == "torn down while held":
+        wait_until(lambda: len(held_tokens(cluster)) == len(bodies), 30, 0.05, "every answer held")
+        assert not any(s.ended.is_set() for s in streams.values())  # held: waiting, not ended
+        cluster.stop()
     for t in readers:
         t.join(60)
     for path, s in streams.items():
-        assert s.ended.is_set() and ended_with_an_error(s), (path, s.names()[-3:])
-    assert resumed(cluster.base_url) == 0
-    pids = [p.pid for p in cluster.procs.values()]
+        assert s.ended.is_set() and ended_with_an_error(s), (path, s.events[-1:])
+    if how == "holding off":
+        assert resumed(cluster.base_url) == 0
     cluster.stop()
     assert all(gone(pid) for pid in pids), [(n, p.pid) for n, p in cluster.procs.items() if not gone(p.pid)]
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+import time
 from pathlib import Path
 
 from orchestrator import logs
@@ -16,6 +17,8 @@ from orchestrator.engine.stage.faults import Faults
 from orchestrator.families.decoder_config import ModelConfigError, read_decoder_facts
 from orchestrator.httpkit import App, Limits, OpenAIError, Server, route
 from orchestrator.httpkit.server import bound
+
+DRAIN_S = 3.0  # at a stop, at most this long for the scheduler to end every answer and their streams to say so
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +110,12 @@ def run(args: argparse.Namespace) -> int:
     while not stop.wait(0.5):  # a bounded wait: the signal handlers run on this thread
         pass
     serving.join(timeout=10)
-    pipeline.stop()
+    # Stopping ends every answer in flight or held with an error; the threads streaming them must write
+    # it before the process ends (they are daemons): else their clients see a cut connection, not an error.
+    pipeline.stop(wait_s=DRAIN_S)
+    drained = time.monotonic() + DRAIN_S
+    while server.busy_connections and time.monotonic() < drained:
+        time.sleep(0.02)
     log.info("coordinator.stopped")
     return 0
 
