@@ -4,11 +4,13 @@ Real agents, stage processes, coordinator and router (tests/control/conftest.py)
 holds answers in flight when a stage dies (docs/recovery.md); with restarts off nothing will bring
 the stage back, and the control plane's all-or-nothing teardown stops every process. Every stream
 in flight — completions, chat, messages, responses, through the router — must then end with its
-API's error event (never a sign of completion), and no engine process may be left running.
+API's error event (never a sign of completion) — the coordinator's own, written before it exits, not
+the router's for a connection cut — and no engine process may be left running.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -43,4 +45,6 @@ def test_with_restarts_off_every_held_stream_ends_with_an_error_and_nothing_is_l
         t.join(60)
     for path, stream in streams.items():
         assert stream.ended.is_set() and ended_with_an_error(stream), (path, stream.names()[-3:])
+        # the coordinator's own word, not the router's "the backend broke off" for a cut connection
+        assert "coordinator shutting down" in json.dumps(stream.events[-1][1]), (path, stream.events[-1])
     assert env.engine_processes() == [] and env.backends() == []
