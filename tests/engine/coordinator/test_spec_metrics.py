@@ -41,13 +41,14 @@ def test_health_says_when_a_stage_refuses_to_speculate():
 
     from orchestrator.engine.coordinator.api import Coordinator
     from orchestrator.engine.coordinator.generation import Health, StageHealth
+    from orchestrator.engine.coordinator.pauses import Pauses
     from orchestrator.logs import EventLogger
 
     def shown(k: int, *can: bool) -> dict | None:
         stages = tuple(StageHealth(f"stage-{i}", "127.0.0.1:1", True, 0.1,
                                    {"speculation": c, **({} if c else {"speculation_refused": f"stage {i}'s reason"})})
                        for i, c in enumerate(can))
-        pipeline = SimpleNamespace(health=Health("ready", "", stages, 0), speculative_tokens=k)
+        pipeline = SimpleNamespace(health=Health("ready", "", stages, 0), speculative_tokens=k, pauses=Pauses())
         return Coordinator(pipeline, None, "m", Metrics(["stage-0"]), EventLogger("t")).health()[1]["speculation"]
 
     assert shown(4, True, True) == {"max_drafts": 4, "passes": 0, "drafted": 0, "accepted": 0, "refused": False,
