@@ -122,6 +122,11 @@ PREFILL_BATCH = Setting("PIPESERVE_PREFILL_BATCH", one_of("exact", "batched"), "
                         "how the coordinator prefills concurrent requests: `exact` one after another, bit for bit "
                         "mlx-lm's generate_step; `batched` together in one batched step per chunk (within "
                         "float rounding, docs/benchmark.md#batched-prefill)")
+PREFILL_CHUNKS = Setting("PIPESERVE_PREFILL_CHUNKS", one_of("mlx", "pipelined"), "mlx",
+                         "where a prompt's prefill chunks are cut: `mlx` every prefill_step_size tokens, bit for bit "
+                         "mlx-lm's generate_step; `pipelined` into about 4 equal chunks per stage so the stages "
+                         "overlap (bit for bit generate_step run with that chunk length as its prefill_step_size; "
+                         "docs/benchmark.md#pipelined-prefill)")
 PARENT_PID = Setting("PIPESERVE_PARENT_PID", positive_int, None,
                      "set by an agent for its engine processes: they stop when that process is gone", "none")
 FAULTS = Setting("PIPESERVE_FAULTS", text, "",
@@ -171,7 +176,7 @@ XDG_CACHE_HOME = Setting("XDG_CACHE_HOME", path, None, "base of the default down
 
 ALL: tuple[Setting, ...] = (
     CLUSTER_SECRET, BLAS, STAGE_THREADS, SOLO_THREADS, STALL_TIMEOUT_S, CANARY_INTERVAL_S, RESUME_DEADLINE_S,
-    PREFILL_BATCH, PARENT_PID, FAULTS,
+    PREFILL_BATCH, PREFILL_CHUNKS, PARENT_PID, FAULTS,
     HTTP_MAX_CONNECTIONS, HTTP_HEADER_TIMEOUT, HTTP_IDLE_TIMEOUT, HTTP_BODY_TIMEOUT, HTTP_WRITE_TIMEOUT,
     LOG_MAX_BYTES, LOG_FILE, FOLLOW_DEADLINE_S, CACHE, ROUTER_ADMIN_TOKEN, STEP_TRACE, TIMING_TRIES, CHROMIUM,
     FULL_MATRIX,
