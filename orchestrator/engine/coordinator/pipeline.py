@@ -1,8 +1,9 @@
 """The coordinator's scheduler: drives requests through the stages and keeps them busy.
 
 One thread owns all scheduling state and is fed by one inbox (submissions and cancellations from
-HTTP threads, frames and link events from the stage links). Prefill is sent in `prefill_step_size`
-chunks exactly as `mlx_lm.generate_step` does; decode steps of ready requests are grouped into
+HTTP threads, frames and link events from the stage links). Prefill is sent in chunks exactly as
+`mlx_lm.generate_step` cuts them, every `prefill_step_size` tokens or, pipelined, every c tokens so
+that the stages overlap (`prefill_plan.py`); decode steps of ready requests are grouped into
 micro-batches, with up to one group in flight per stage so that every stage works on a different
 group at the same time. What the stages answer (RESULT, ERROR, PONG, CACHE frames) becomes each
 request's token events and its end here too.
@@ -47,7 +48,8 @@ from orchestrator.engine.coordinator.liveness import (
 from orchestrator.engine.coordinator.metrics import Metrics
 from orchestrator.engine.coordinator.pauses import Pauses
 from orchestrator.engine.coordinator.prefill_batch import PrefillBatch, aligned_steps, batched_mode
-from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse, prefill_chunks
+from orchestrator.engine.coordinator.prefill_plan import batch_rows, pipelined_chunks, prompt_chunks
+from orchestrator.engine.coordinator.prefix_index import PrefixIndex, Reuse
 from orchestrator.engine.coordinator.prompt_caching import PromptCache
 from orchestrator.engine.coordinator.requests import Active, Book, Held
 from orchestrator.engine.coordinator.resume import replay_groups
@@ -81,6 +83,7 @@ class Pipeline:
         self.resume_deadline = settings.RESUME_DEADLINE_S.read()
         # concurrent requests' prefills one after another (exact) or together (batched: prefill_batch.py)
         self.prefills = PrefillBatch(batched_mode())
+        self.pipelined = pipelined_chunks()  # prompts cut every prefill_step_size or for overlap (prefill_plan.py)
         self.faults = faults or Faults()  # test-only: a resume that is not exact (resume-repeat/-drop/-reseed)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # C put/get: a cheaper hand-off per token
         self.links = [
@@ -370,9 +373,9 @@ class Pipeline:
 
     def _chunks(self, gen: Generation, start: int) -> list[tuple[int, int, bool]]:
         """The prefill chunks of prompt[start:-1], cut also at each mark whose state only a
-        checkpoint could keep (the checkpoint is taken there)."""
+        checkpoint could keep (the checkpoint is taken there). Pipelined, every c tokens (prefill_plan.py)."""
         marks = {m for m in gen.marks if self.cache.needs_checkpoint(m)}
-        return prefill_chunks(len(gen.prompt), start, self.prefill_step, marks)
+        return prompt_chunks(len(gen.prompt), start, len(self.links), self.prefill_step, self.pipelined, marks)
 
     def _send_prefills(self) -> None:
         """Batched prefill: the waiting requests' prefill chunks as equal-length steps of one group each
@@ -383,7 +386,9 @@ class Pipeline:
             return
         solo = self._solo(len(members))
         starts = {a.rid: (a.reuse.keep if a.reuse else 0) for a in members}
-        steps = aligned_steps([(a.rid, self._chunks(a.gen, starts[a.rid])) for a in members])
+        rows = batch_rows([(a.rid, self._chunks(a.gen, starts[a.rid])) for a in members], len(self.links),
+                          self.pipelined)
+        steps = aligned_steps(rows)
         first = [a.opened for a in members]
         for step in steps:
             frames = first + [tokens_frame(c.rid, c.start, self.requests.active[c.rid].gen.prompt[c.start:c.end],
