@@ -85,6 +85,37 @@ def test_micro_batching_runs_several_requests_in_one_step(model_factory):
         tokens = [int(mx.argmax(x).item()) for x in solo]
 
 
+class _RowsRefused(StageModel):
+    """A stage whose batched forward fails halfway, after it has written to the caches."""
+
+    def _forward_rows(self, xs, caches):
+        super()._forward_rows(xs[:1], caches[:1])  # half a step: the first cache moved on
+        raise RuntimeError("this family cannot batch")
+
+
+@pytest.mark.parametrize("method,flag,reason", [("forward_batch", "batchable", "batch_refusal"),
+                                                ("forward_chunks", "chunks_batchable", "chunks_refusal")])
+def test_a_refused_batch_restores_the_caches_and_runs_the_rows_one_by_one(model_factory, method, flag, reason):
+    """A batched step the family refuses leaves no trace: every cache is restored, the rows run one by
+    one with their solo results, and the stage says why and batches no more (decode and prefill alike)."""
+    import mlx.core as mx
+
+    model = model_factory()
+    broken, solo = _RowsRefused(model, 0, 4), StageModel(model, 0, 4)
+    prompts = [SHORT, [300, 301, 302, 303, 304]]
+    width = 1 if method == "forward_batch" else 3
+    inputs = [mx.array(p[:width])[None] for p in prompts]
+    caches, solo_caches = [broken.make_cache() for _ in prompts], [solo.make_cache() for _ in prompts]
+    for p, c1, c2 in zip(prompts, caches, solo_caches):
+        broken.forward(mx.array(p)[None], c1), solo.forward(mx.array(p)[None], c2)
+    out = getattr(broken, method)(inputs, caches)
+    expected = [solo.forward(x, c) for x, c in zip(inputs, solo_caches)]
+    assert not getattr(broken, flag) and "cannot batch" in getattr(broken, reason)
+    assert [c.offset for c in caches[0]] == [c.offset for c in solo_caches[0]], "a cache was not restored"
+    for a, b in zip(out, expected):
+        assert mx.array_equal(a, b).item(), "a row run after the refusal differs from its solo forward"
+
+
 class _MaskDropped(StageModel):
     """A deliberately broken stage: attends without the causal mask during prefill."""
 

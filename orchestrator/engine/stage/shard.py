@@ -293,12 +293,10 @@ class StageModel:
         restored) one forward per request.
         """
         if self.batchable:
-            saved = snapshot(caches)
-            try:
-                return self._forward_rows(xs, caches)
-            except Exception as exc:  # noqa: BLE001 (nothing was evaluated: restore and run the rows one by one)
-                restore(caches, saved)
-                self.batchable, self.batch_refusal = False, f"{type(exc).__name__}: {exc}"
+            out, refusal = self._rows_or_refusal(xs, caches)
+            if refusal is None:
+                return out
+            self.batchable, self.batch_refusal = False, refusal
         return [self.forward(x, c) for x, c in zip(xs, caches)]
 
     def forward_chunks(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
@@ -311,13 +309,20 @@ class StageModel:
         chunks one by one; later ones too (`chunks_refusal` says why).
         """
         if self.chunks_batchable:
-            saved = snapshot(caches)
-            try:
-                return self._forward_rows(xs, caches)
-            except Exception as exc:  # noqa: BLE001 (nothing was evaluated: restore and run the rows one by one)
-                restore(caches, saved)
-                self.chunks_batchable, self.chunks_refusal = False, f"{type(exc).__name__}: {exc}"
+            out, refusal = self._rows_or_refusal(xs, caches)
+            if refusal is None:
+                return out
+            self.chunks_batchable, self.chunks_refusal = False, refusal
         return [self.forward(x, c) for x, c in zip(xs, caches)]
+
+    def _rows_or_refusal(self, xs: list[Any], caches: list[list[Any]]) -> tuple[list[Any], str | None]:
+        """The rows' batched forward, or (nothing evaluated, every cache restored) why it was refused."""
+        saved = snapshot(caches)
+        try:
+            return self._forward_rows(xs, caches), None
+        except Exception as exc:  # noqa: BLE001 (the caller runs the rows one by one)
+            restore(caches, saved)
+            return [], f"{type(exc).__name__}: {exc}"
 
     def _forward_rows(self, xs: list[Any], caches: list[list[Any]]) -> list[Any]:
         rows = batch_caches(caches)
