@@ -36,8 +36,9 @@ TIMEOUT_S = 600.0
 # Part of every cached profile's stamp: a profile taken by an older engine/profiling/layers.py (before
 # it timed the per-step path, engine/profiling/step.py, steps of 2 and 4 rows, and the head
 # behind the other layers; 5: each process's path ends at its own send, the engine's leaner path;
-# 6: a stage frames its output before the step's evaluation) is stale and is timed again.
-PROFILE_VERSION = 6
+# 6: a stage frames its output before the step's evaluation; 7: a few layers that stand for all
+# are timed, behind a read of the others' bytes, not every layer) is stale and is timed again.
+PROFILE_VERSION = 7
 TRIES = settings.TIMING_TRIES.default  # timings of one model while the busy-machine rule doubts them
 RETRY_PAUSE_S = 10.0  # between them: a burst of other work may have passed
 

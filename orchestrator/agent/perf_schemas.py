@@ -106,6 +106,7 @@ class ComputeProfile(BaseModel):
     doubt: str = ""  # the busy-machine rule's (agent/timing_doubt.py) after the last try; "" trusted
     tries: int = 1  # timings taken (again while doubted, agent/compute.py)
     at: float = 0.0
+    layers_timed: int = 0  # the body's layers timed, standing for all (families/layer_kinds.py); 0: unknown
 
 
 class ProfileStatus(BaseModel):

@@ -10,6 +10,12 @@ embedding), and the last layer with the final norm and head — and times, as a 
 The last stage's time minus one layer is the head's (norm, head, log-softmax, sampling).
 Then what a step costs beyond the layers, through the stage's and the coordinator's own code
 (engine/profiling/step.py): frames, queues, conversions, sampling's encode, streaming.
+The body is not every layer but a few that stand for all (families/layer_kinds.py: the
+shortest run from the first layer whose kinds come in the model's shares; two layers of a
+model whose layers are all alike), divided by their count as all of them were, each step
+behind a read of as many bytes as the untimed layers' weights (so the cache holds what serving
+leaves there): timing every layer took minutes on a busy machine (issue 41 item 3).
+`--all-layers` times them all.
 Prints nothing but errors; writes one JSON object (agent/perf_schemas.ComputeProfile).
 """
 
@@ -19,13 +25,14 @@ import argparse
 import functools
 import json
 import statistics
+import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from orchestrator import settings
-from orchestrator.families import support
+from orchestrator.families import layer_kinds, support
 
 CONTEXT = 32  # tokens in each cache before decode steps are timed
 REPEATS = 5
@@ -48,11 +55,16 @@ FAR_CONTEXT = 2048
 PREFILL_LAYERS = 4
 # ... and on fewer when a first look says the two rounds would take longer than this (mlx's reference
 # BLAS, where OpenBLAS cannot run, is ~100x slower at prefill: a profile must still end in minutes).
-PREFILL_BUDGET_S = 20.0
+PREFILL_BUDGET_S = 10.0
 # Decode steps are also timed at these row counts (those between 1 and the batch): the cost
 # of a step is far from linear in its rows (a batched step's fixed costs; 2-4 rows cost most
 # of what 8 do), and groups of 2-4 rows are what 4-8 requests over 2 stages run.
 MID_ROWS = (2, 4)
+# With a few layers timed instead of all, a step reads fewer weights than serving's: the body's
+# steps, and the tail's behind a step of the body (see `profile`), are timed behind a read of
+# the untimed layers' bytes, this many at most (about twice a large L3), so the cache holds
+# what serving leaves there.
+SWEEP_MAX_BYTES = 1 << 30
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS, before: Callable[[], Any] | None = None) -> float:
@@ -104,8 +116,22 @@ def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None],
     return out
 
 
-def _decode_step(model: Any) -> Callable[[], None]:
-    """One decode step of one request through `model`, to run between timed steps."""
+def _sweep(nbytes: int) -> Callable[[], None] | None:
+    """A read of `nbytes` of scratch memory (None when there is nothing to read): it stands, between
+    timed steps, for the weights of the layers serving runs and this timing does not, so the cache
+    holds what serving leaves there (a few layers timed back to back stay in a 32 MiB L3 and came
+    out 10-20 % faster per layer than all of them)."""
+    import mlx.core as mx
+
+    if nbytes < 4:
+        return None
+    scratch = mx.ones((nbytes // 4,), mx.float32)
+    mx.eval(scratch)
+    return lambda: mx.eval(scratch.sum())
+
+
+def _decode_step(model: Any, sweep: Callable[[], None] | None = None) -> Callable[[], None]:
+    """One decode step of one request through `model`, to run between timed steps, then `sweep`."""
     import mlx.core as mx
 
     cache = model.make_cache()
@@ -114,8 +140,17 @@ def _decode_step(model: Any) -> Callable[[], None]:
 
     def step() -> None:
         mx.eval(model.forward(x, cache), [e.state for e in cache])
+        if sweep is not None:
+            sweep()
 
     return step
+
+
+def time_body(body: Any, layers: int, batch: int, set_threads: Callable[[bool], None],
+              sweep: Callable[[], None] | None = None, spreads: dict[str, float] | None = None) -> dict[str, float]:
+    """Per-layer decode ms (time_stage's keys) of a first stage `body` of `layers` layers: its step
+    divided by them, each step behind `sweep` (the untimed layers' bytes, `_sweep`)."""
+    return {k: v / layers for k, v in time_stage(body, batch, set_threads, between=sweep, spreads=spreads).items()}
 
 
 def prefill_layers(ms_per_token_per_layer: float, chunk: int, most: int) -> int:
@@ -174,8 +209,26 @@ def time_prefill(model: Any, chunk: int, set_threads: Callable[[bool], None]) ->
     return max(min(near) / 10, min(near) - per_k * chunk / 1000), per_k
 
 
-def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[str, Any]:
-    """The ComputeProfile fields for `model_dir` on this machine."""
+def body_plan(model_dir: Path, n: int, max_layers: int, cuts: dict[int, str], every: bool) -> tuple[int, int]:
+    """(layers of the body to time, bytes of the body's layers that serving reads and the timing
+    does not): a few that stand for all (families/layer_kinds.timed_layers), or all of them
+    (`every`, or weights whose headers cannot be read: nothing says which layers are alike)."""
+    from orchestrator.engine.stage.shard import read_config
+
+    try:
+        tensors = layer_kinds.tensor_headers(model_dir)
+    except (OSError, ValueError, KeyError, struct.error):
+        tensors = {}
+    if every or not tensors:
+        return allowed_cut(min(n - 1, max_layers), cuts), 0
+    kinds = layer_kinds.layer_kinds(tensors, read_config(model_dir), n)[:n - 1]
+    timed = layer_kinds.timed_layers(kinds, max_layers, cuts)
+    return timed, sum(layer_kinds.layer_bytes(tensors, n - 1)[timed:])
+
+
+def profile(model_dir: Path, batch: int, chunk: int, max_layers: int, every: bool = False) -> dict[str, Any]:
+    """The ComputeProfile fields for `model_dir` on this machine (`every`: time every layer of
+    the body, not the few that stand for them)."""
     from orchestrator.engine import blas
 
     base = settings.STAGE_THREADS.read()
@@ -192,15 +245,16 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     # A stage may not start or end where the family refuses a cut (Gemma 4's and AFM's KV-shared
     # layers stay with their source): the body and the tail end and begin where a split may.
     cuts = support.shared_kv_cuts(read_config(model_dir))
-    body_layers = allowed_cut(min(n - 1, max_layers), cuts)
+    body_layers, untimed_bytes = body_plan(model_dir, n, max_layers, cuts, every)
     per_layer: dict[str, float] = {}
     spreads: dict[str, float] = {}
     prefill = (0.0, 0.0)
     sweep = None
     if body_layers:
         body = StageModel(model_dir, 0, body_layers)
-        per_layer = {k: v / body_layers for k, v in time_stage(body, batch, set_threads, spreads=spreads).items()}
-        sweep = _decode_step(body)
+        reads = _sweep(min(untimed_bytes, SWEEP_MAX_BYTES))
+        per_layer = time_body(body, body_layers, batch, set_threads, reads, spreads)
+        sweep = _decode_step(body, reads)
         one_layer = _prefill_ms_per_token(StageModel(model_dir, 0, 1))
         few = allowed_cut(prefill_layers(one_layer, chunk, min(body_layers, PREFILL_LAYERS)), cuts)
         a, b = time_prefill(StageModel(model_dir, 0, few), chunk, set_threads)
@@ -212,7 +266,7 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
     # the other layers' step in between, which is what serving does: a last stage runs its
     # own layers before the head, and stages sharing a machine run the others' in between.
     tail_ms = time_stage(tail, batch, set_threads, between=sweep, spreads=None if per_layer else spreads)
-    sweep = body = None  # the body's weights go
+    sweep = body = reads = None  # the body's weights and the scratch go
     tail_layers = n - tail_start
     if not per_layer:  # one layer, or no cut allowed: the head cannot be told apart
         per_layer, tail_ms = {k: v / tail_layers for k, v in tail_ms.items()}, {k: 0.0 for k in tail_ms}
@@ -227,7 +281,8 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int) -> dict[st
             "layer_ms_b1_solo": per_layer["b1_solo"], "layer_ms_b1": per_layer["b1"],
             "layer_ms_bB": per_layer["bB"], "head_ms_b1_solo": head["b1_solo"], "head_ms_b1": head["b1"],
             "head_ms_bB": head["bB"], "prefill_ms_per_token": prefill[0], "prefill_ms_per_token_per_k": prefill[1],
-            "threads": [base, solo], "spread": round(max(spreads.values(), default=0.0), 3), "at": time.time()}
+            "threads": [base, solo], "spread": round(max(spreads.values(), default=0.0), 3), "at": time.time(),
+            "layers_timed": body_layers or tail_layers}
 
 
 def allowed_cut(layers: int, cuts: dict[int, str]) -> int:
@@ -247,9 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefill-chunk", type=int, default=2048,
                         help="tokens per timed prefill chunk (the engine's prefill_step_size)")
     parser.add_argument("--max-layers", type=int, default=64, help="time at most this many layers (the rest alike)")
+    parser.add_argument("--all-layers", action="store_true",
+                        help="time every layer of the body, not the few that stand for them")
     args = parser.parse_args(argv)
     try:
-        result = profile(args.model, args.batch, args.prefill_chunk, args.max_layers)
+        result = profile(args.model, args.batch, args.prefill_chunk, args.max_layers, args.all_layers)
     except Exception as exc:  # noqa: BLE001 (the agent reports the reason)
         print(f"profile failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
