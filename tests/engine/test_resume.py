@@ -149,3 +149,16 @@ def test_an_answer_held_past_the_resume_deadline_ends_with_a_clear_error(slow_mo
         answer(cluster, request, kill_for_good)
     metrics = requests.get(cluster.base_url + "/metrics", timeout=5).text
     assert "pipeserve_requests_resume_failed_total 1" in metrics and "pipeserve_requests_in_flight 0" in metrics
+
+
+def test_a_lone_answer_on_all_cores_resumes_exactly(slow_model, launch):
+    """Co-located stages as the local agents start them (one BLAS thread, every core for a lone
+    request's SOLO steps): the answer's first run decoded on all cores and its regeneration, pipelined
+    through both stages, on one thread each; Debian's OpenBLAS rounds some products differently on
+    1 and 2 threads, so this is where a resume could alter the last bits of its log-probs."""
+    cluster = launch(slow_model, [(0, 1), (2, 3)], env={"PIPESERVE_SOLO_THREADS": "2"})
+    request = body(slow_model.name, True, False)
+    undisturbed = answer(cluster, request)
+    kill = Killer(cluster, "stage-1", 20)
+    assert answer(cluster, request, kill) == undisturbed
+    assert kill.resumed() == 1
