@@ -230,7 +230,7 @@ class Pipeserve(Server):
 
     def __init__(self, model_dir: Path, model_name: str, cores: list[int], workdir: Path,
                  splits: list[tuple[int, int]], cluster: dict[str, object] | None = None, lan: Any = None,
-                 batched: bool = False) -> None:
+                 batched: bool = False, pipelined: bool = False) -> None:
         from e2e.bench.procs import PipelineSystem
 
         self.cores, self.model_name = cores, model_name
@@ -238,6 +238,9 @@ class Pipeserve(Server):
         if batched:  # concurrent prompts prefilled together (PIPESERVE_PREFILL_BATCH, prefill_batch.py)
             env["PIPESERVE_PREFILL_BATCH"] = "batched"
             self.key, self.label = "batched", "pipeserve, batched prefill, 2 stages × 1 core"
+        if pipelined:  # a prompt cut into about 4 equal chunks per stage (PIPESERVE_PREFILL_CHUNKS, prefill_plan.py)
+            env["PIPESERVE_PREFILL_CHUNKS"] = "pipelined"
+            self.key, self.label = "pipelined", "pipeserve, pipelined prefill, 2 stages × 1 core"
         # prompt cache off: every measurement is a cold prefill (prompts are unique as well)
         cluster = {"prompt_cache_bytes": 0, **(cluster or {})}
         if lan is None:

@@ -14,6 +14,10 @@ the last one. Metrics per system and round:
   and short answers (`--short-answer`), first request sent to last token: as agents send them;
 * `long4`, `long8` (pipeserve): the sum of the decode rates of 4 / 8 concurrent long answers.
 
+Optional rows: `batched` (PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests) and `pipelined`
+(PIPESERVE_PREFILL_CHUNKS=pipelined, TTFT only: its decode is the default's); `metrics` restricts a
+run to some metrics (e.g. TTFT alone, whose 4096-token prefills take minutes per system).
+
 Ratios are taken round by round between systems measured side by side; the report (`nodes_report`)
 gives their median (min–max) and each target met or missed.
 """
@@ -38,6 +42,7 @@ FILLER = ("The history of the printing press begins in the fifteenth century, wh
           "which made them rare and expensive. Within fifty years, presses worked in more than two hundred "
           "cities across Europe, and millions of books had been printed. ")
 CONCURRENCY = (4, 8)
+METRICS = ("ttft", "decode1", *(f"{k}{c}" for c in CONCURRENCY for k in ("agg", "long")))
 
 
 @dataclass
@@ -93,9 +98,12 @@ class NodeBench:
     """Run the emulated-node benchmark for one model at a time."""
 
     def __init__(self, sizes: Sizes, workdir: Path, peers: bool = True, lan: Any = None,
-                 log: Callable[[str], None] = print, batched: bool = False) -> None:
+                 log: Callable[[str], None] = print, batched: bool = False, pipelined: bool = False,
+                 metrics: tuple[str, ...] = METRICS) -> None:
         self.sizes, self.workdir, self.peers, self.lan, self.log = sizes, workdir, peers, lan, log
         self.batched = batched  # also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests
+        self.pipelined = pipelined  # also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT
+        self.metrics = metrics  # the metrics taken (all by default)
         self.cores = node_cores(2)
 
     def start(self, model: str, model_dir: Path, run: ModelRun) -> list[Server]:
@@ -110,6 +118,9 @@ class NodeBench:
         if self.batched:
             makers.append(("batched", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve-batched",
                                                         run.splits, lan=self.lan, batched=True)))
+        if self.pipelined:
+            makers.append(("pipelined", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve-pipelined",
+                                                          run.splits, lan=self.lan, pipelined=True)))
         if self.peers and family(model) == "qwen2":
             makers.append(("mlxpipe", lambda: MlxPipeline(model_dir, model, self.cores, work)))
         elif self.peers:
@@ -154,19 +165,21 @@ class NodeBench:
                 complete(s.port, s.model_name, prompts.make(32), 4, s.host)
                 concurrent(s.port, s.model_name, [prompts.make(16) for _ in range(4)], 4, s.host)
                 s.idle()
-            alone = [s.key for s in systems if s.key != "batched"]  # one request: the same path either way
+            alone = [s.key for s in systems if s.key not in ("batched", "pipelined")]  # the same path either way
             metrics: list[tuple[str, list[str], Callable[[Server], float]]] = [
-                ("ttft", alone,
+                ("ttft", [s.key for s in systems if s.key != "batched"],
                  lambda s: complete(s.port, s.model_name, prompts.make(sz.ttft_tokens), 1, s.host).ttft),
                 ("decode1", alone,
                  lambda s: complete(s.port, s.model_name, prompts.make(24), sz.long_answer, s.host).decode_rate),
             ]
+            many = [s.key for s in systems if s.key != "pipelined"]  # concurrent requests: not its question
             for c in CONCURRENCY:
-                metrics.append((f"agg{c}", [s.key for s in systems], lambda s, c=c: throughput(concurrent(
+                metrics.append((f"agg{c}", many, lambda s, c=c: throughput(concurrent(
                     s.port, s.model_name, [prompts.make(sz.prompt_tokens) for _ in range(c)], sz.short_answer,
                     s.host))))
                 metrics.append((f"long{c}", ["pipeserve", "batched"], lambda s, c=c: decode_aggregate(concurrent(
                     s.port, s.model_name, [prompts.make(24) for _ in range(c)], sz.long_answer, s.host))))
+            metrics = [m for m in metrics if m[0] in self.metrics]
             for r in range(sz.rounds):
                 order = systems[r % len(systems):] + systems[: r % len(systems)]
                 order = order[::-1] if r % 2 else order

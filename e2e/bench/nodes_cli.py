@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from e2e.bench.node_models import MODELS
-from e2e.bench.nodes import NodeBench, Sizes
+from e2e.bench.nodes import METRICS, NodeBench, Sizes
 from e2e.bench.nodes_report import render
 from e2e.bench.procs import ROOT
 from e2e.bench.report import machine_info
@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="skip mlx-lm's pipeline")
     p.add_argument("--prefill-batch", action="store_true",
                    help="also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests (a row beside exact)")
+    p.add_argument("--prefill-chunks", action="store_true",
+                   help="also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT (a row beside the mlx cut)")
+    p.add_argument("--metrics", default=",".join(METRICS),
+                   help=f"comma list of the metrics to take (default all: {','.join(METRICS)})")
     p.add_argument("--link", default="", help="pipeserve's stages in network namespaces joined by this emulated "
                    "link (e2e/lan/profiles.py; root only); the peers stay on loopback")
     p.add_argument("--out", help="also write the Markdown report here")
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             lan = around.enter_context(Lan(PROFILES[args.link], 2))
             around.enter_context(joined(lan.control))  # this thread, its threads and children talk over the bridge
         bench = NodeBench(sz, Path(args.workdir).resolve(), peers=not args.no_peers, lan=lan,
-                           batched=args.prefill_batch)
+                           batched=args.prefill_batch, pipelined=args.prefill_chunks,
+                           metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip() in METRICS))
         print(f"bench: 2 emulated nodes = cores {bench.cores} of {info['nproc']} ({info['cpu']}); load {load0}")
         runs = [bench.run_model(m, paths[m]) for m in models]
     link = f"; pipeserve over the emulated {args.link} link" if args.link else ""
