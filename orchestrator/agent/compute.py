@@ -1,10 +1,17 @@
-"""Timing a model's layers on this node, on request, cached per model.
+"""Timing a model's layers on this node, on request, cached per model and reused across models.
 
 `python -m orchestrator.engine.profiling.layers` runs in a child process with the environment the
 agent gives its stages (BLAS threads), one model at a time; its answer is kept in
 `<state>/profiles/<model>.json` together with the model's config.json size and mtime and the
-profile's version, so a replaced model (or a profile from an older engine) is timed again.
-The report lists every cached profile.
+reuse key, so a replaced model (or a profile from an older engine) is timed again. The report
+lists every cached profile.
+
+Reuse (issue 41 item 3): the answer is also kept in `<state>/profiles/by-key/<key>.json` under
+the reuse key (families/timing_key.py: family, layer shapes, dtype and quantization, and this
+node's backend: mlx and its device, the BLAS, its threads, the CPUs, PROFILE_VERSION). A model
+this node has not timed whose key matches is answered at once with that timing, marked
+`reused_from` the model it was timed on; one whose any part differs is timed. Both survive a
+restart of the agent (files under its state directory).
 
 A timing the busy-machine rule doubts (agent/timing_doubt.py: the load, rounds that
 disagree, batched steps faster than one row's) is taken again, up to `TRIES` times with a
@@ -15,6 +22,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import struct
 import subprocess
 import sys
 import tempfile
@@ -22,13 +31,19 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from orchestrator import settings
 from orchestrator.agent.inventory import Inventory
 from orchestrator.agent.perf_schemas import ComputeProfile, ProfileStatus
 from orchestrator.agent.timing_doubt import profile_doubt
 from orchestrator.atomic_write import write_atomically
+from orchestrator.engine import blas
+from orchestrator.families.decoder_config import ModelConfigError, read_config_file
+from orchestrator.families.layer_kinds import tensor_headers
+from orchestrator.families.timing_key import timing_key, timing_parts
 from orchestrator.logs import EventLogger
 from orchestrator.proc.child import parent_death_signal
 
@@ -87,11 +102,13 @@ class ComputeProfiler:
                  run: Callable[[Path, Path], dict] | None = None,
                  load: Callable[[], tuple[float, int]] | None = None,
                  sleep: Callable[[float], None] = time.sleep, tries: int | None = None,
-                 serving: Callable[[], bool] = lambda: False) -> None:
+                 serving: Callable[[], bool] = lambda: False,
+                 backend: Callable[[], dict[str, Any]] | None = None) -> None:
         """`run`, `load` ((1-minute load, CPUs)) and `sleep` are the I/O edge, injectable; `tries` the
         most timings of one model while they are doubted (PIPESERVE_TIMING_TRIES). `serving`: whether
         this node runs an engine process now — timing never starts beside one, and yields to one
-        that starts (issue 38 item 4)."""
+        that starts (issue 38 item 4). `backend`: what computes the timings here (`timing_backend`),
+        part of the reuse key, asked once."""
         self._tries = tries or settings.TIMING_TRIES.read()
         self._inventory = inventory
         self._serving = serving
@@ -104,19 +121,57 @@ class ComputeProfiler:
         self._lock = threading.Lock()
         self._running: str | None = None
         self._failed: dict[str, str] = {}
+        self._backend = backend or timing_backend
+        self._backend_parts: dict[str, Any] | None = None
+        # model -> (config.json size and mtime, reuse key parts): the headers are read once a version
+        self._parts: dict[str, tuple[tuple[int, float], dict[str, Any] | None]] = {}
 
-    def _stamp(self, model_id: str) -> list[float]:
+    def _reuse_parts(self, model_id: str) -> dict[str, Any] | None:
+        """The model's reuse key parts on this node (None: its config or headers cannot be read)."""
+        model_dir = self._inventory.model_dir(model_id)
+        st = (model_dir / "config.json").stat()
+        known = self._parts.get(model_id)
+        if known is not None and known[0] == (st.st_size, st.st_mtime):
+            return known[1]
+        if self._backend_parts is None:
+            self._backend_parts = {**self._backend(), "profile_version": PROFILE_VERSION}
+        try:
+            parts = timing_parts(read_config_file(model_dir), tensor_headers(model_dir), self._backend_parts)
+        except (OSError, ValueError, KeyError, struct.error, ModelConfigError):
+            parts = None
+        self._parts[model_id] = ((st.st_size, st.st_mtime), parts)
+        return parts
+
+    def _stamp(self, model_id: str) -> list[Any]:
         st = (self._inventory.model_dir(model_id) / "config.json").stat()
-        return [st.st_size, st.st_mtime, PROFILE_VERSION]
+        parts = self._reuse_parts(model_id)
+        return [st.st_size, st.st_mtime, PROFILE_VERSION, timing_key(parts) if parts else ""]
+
+    def _shared_path(self, key: str) -> Path:
+        return self._dir / "by-key" / f"{key}.json"
 
     def cached(self, model_id: str) -> ComputeProfile | None:
-        """The cached profile, when the model has not changed since it was timed."""
-        path = self._dir / f"{model_id}.json"
+        """The cached profile, when the model has not changed since it was timed, or the timing of
+        another model with the same reuse key (`reused_from` says which)."""
         try:
-            data = json.loads(path.read_text())
-            if data.get("stamp") != self._stamp(model_id):
+            stamp = self._stamp(model_id)
+            data = json.loads((self._dir / f"{model_id}.json").read_text())
+            if data.get("stamp") == stamp:
+                return ComputeProfile.model_validate({**data["profile"], "model_id": model_id})
+        except (OSError, ValueError, KeyError, LookupError):
+            pass
+        return self._reused(model_id)
+
+    def _reused(self, model_id: str) -> ComputeProfile | None:
+        """The timing kept under the model's reuse key, for the model (None: none kept)."""
+        try:
+            key = self._stamp(model_id)[3]
+            data = json.loads(self._shared_path(key).read_text()) if key else None
+            if not data or data.get("key") != key:
                 return None
-            return ComputeProfile.model_validate({**data["profile"], "model_id": model_id})
+            source = str(data["model_id"])
+            return ComputeProfile.model_validate({**data["profile"], "model_id": model_id,
+                                                  "reused_from": "" if source == model_id else source})
         except (OSError, ValueError, KeyError, LookupError):
             return None
 
@@ -128,12 +183,20 @@ class ComputeProfiler:
         with self._lock:
             found = self.cached(model_id)
             if found is not None:
+                if found.reused_from and not (self._dir / f"{model_id}.json").exists():
+                    self._keep_reused(model_id, found)
                 return ProfileStatus(model_id=model_id, state="done", profile=found)
             if self._running == model_id:
                 return ProfileStatus(model_id=model_id, state="running")
             if model_id in self._failed:
                 return ProfileStatus(model_id=model_id, state="failed", error=self._failed[model_id])
         return ProfileStatus(model_id=model_id, state="absent")
+
+    def _keep_reused(self, model_id: str, found: ComputeProfile) -> None:
+        """Keep a reused timing as the model's own (the report lists it), once."""
+        self._log.info("compute.reused", model=model_id, timed_on=found.reused_from)
+        write_atomically(self._dir / f"{model_id}.json", json.dumps(
+            {"stamp": self._stamp(model_id), "profile": found.model_dump(exclude={"model_id"})}))
 
     def start(self, model_id: str, force: bool = False) -> ProfileStatus:
         """Time the model in the background unless it is cached (or `force`) or a run is going."""
@@ -157,8 +220,13 @@ class ComputeProfiler:
         error = None
         try:
             profile = self._time_until_trusted(model_id)
-            write_atomically(self._dir / f"{model_id}.json", json.dumps({"stamp": self._stamp(model_id),
-                                                                          "profile": profile}))
+            stamp = self._stamp(model_id)
+            if stamp[3]:  # kept for the models that share its key; first, so "done" means both are kept
+                self._shared_path(stamp[3]).parent.mkdir(exist_ok=True)
+                write_atomically(self._shared_path(stamp[3]), json.dumps(
+                    {"key": stamp[3], "parts": self._reuse_parts(model_id), "model_id": model_id,
+                     "profile": profile}))
+            write_atomically(self._dir / f"{model_id}.json", json.dumps({"stamp": stamp, "profile": profile}))
             self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"),
                            tries=profile["tries"], doubt=profile["doubt"] or None)
         except ProfileFailed as exc:
@@ -201,6 +269,33 @@ class ComputeProfiler:
             if found is not None:
                 out.append(found)
         return out
+
+
+def timing_backend() -> dict[str, Any]:
+    """What computes this node's timings, as far as the agent can tell without loading mlx: mlx's
+    wheels (their versions say the backend: mlx-cpu, mlx-cuda-13, mlx-metal), the BLAS the stages
+    load (PIPESERVE_BLAS and the OpenBLAS libraries installed, engine/blas.py), their threads
+    (PIPESERVE_STAGE_THREADS, PIPESERVE_SOLO_THREADS), the CPUs and the machine."""
+    wheels = {}
+    for dist in ("mlx", "mlx-cpu", "mlx-metal", "mlx-cuda", "mlx-cuda-12", "mlx-cuda-13"):
+        try:
+            wheels[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return {"mlx": wheels, "blas": [settings.BLAS.read(), *map(str, blas.candidates())],
+            "threads": [settings.STAGE_THREADS.read(), settings.SOLO_THREADS.read()],
+            "cpus": os.cpu_count() or 0, "machine": platform.machine(), "processor": _cpu_model()}
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 def _load_average() -> float:

@@ -107,6 +107,7 @@ class ComputeProfile(BaseModel):
     tries: int = 1  # timings taken (again while doubted, agent/compute.py)
     at: float = 0.0
     layers_timed: int = 0  # the body's layers timed, standing for all (families/layer_kinds.py); 0: unknown
+    reused_from: str = ""  # timed on this model of the same family, shapes, dtype and backend ("": itself)
 
 
 class ProfileStatus(BaseModel):

@@ -16,8 +16,8 @@ on, read without loading the model:
 `timed_layers` picks the run: the shortest one from the first layer (a stage's body starts
 there) whose kinds come in the same shares as in all the layers it stands for, so its
 average is theirs. A model whose kinds balance late (DeepSeek's few dense layers before
-the experts) is timed that far (DeepSeek-V3's 3 dense of a 60-layer body: 30 layers), or whole. Pure but for `tensor_headers`, which reads
-the headers (a few kilobytes a file).
+the experts) is timed that far (DeepSeek-V3's 3 dense of a 60-layer body: 30 layers), or
+whole. Pure but for `tensor_headers`, which reads the headers (a few kilobytes a file).
 """
 
 from __future__ import annotations

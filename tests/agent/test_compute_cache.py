@@ -28,7 +28,7 @@ def test_a_current_profile_is_served_with_its_step_paths(tmp_path):
 
 def test_a_profile_from_before_the_step_paths_is_timed_again(tmp_path):
     p = _profiler(tmp_path)
-    size, mtime, _version = p._stamp("m")
+    size, mtime, _version, _key = p._stamp("m")
     old = {k: v for k, v in PROFILE.items() if "step" not in k and "coordinator" not in k}
     (tmp_path / "state" / "profiles" / "m.json").write_text(json.dumps({"stamp": [size, mtime], "profile": old}))
     assert p.cached("m") is None
