@@ -32,6 +32,14 @@ def control_token(secret: bytes) -> str:
     return hmac.new(secret, _CONTROL_DOMAIN, hashlib.sha256).hexdigest()
 
 
+def none_if_odd(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+    """An optional part of a report as validated, or None where it is odd: the part is lost, not the report."""
+    try:
+        return handler(value)
+    except ValidationError:
+        return None
+
+
 class StageProgressReport(BaseModel):
     """What a stage's last PONG said about the step it is computing."""
 
@@ -105,10 +113,7 @@ class StageReport(BaseModel):
     @classmethod
     def _odd_progress_is_none(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
         # A stage's PONG is its own words: an odd progress part loses that part, not the verdict.
-        try:
-            return handler(value)
-        except ValidationError:
-            return None
+        return none_if_odd(value, handler)
 
 
 class HealthReport(BaseModel):
@@ -129,10 +134,7 @@ class HealthReport(BaseModel):
     @classmethod
     def _odd_pause_is_none(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
         # An odd pause record (another version's) loses the record, never the health verdict.
-        try:
-            return handler(value)
-        except ValidationError:
-            return None
+        return none_if_odd(value, handler)
 
     def stage(self, stage_id: str) -> StageReport | None:
         """The report of stage `stage_id` ("stage-1"), None if the coordinator does not list it."""
