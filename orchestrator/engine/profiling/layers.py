@@ -62,9 +62,12 @@ PREFILL_BUDGET_S = 10.0
 MID_ROWS = (2, 4)
 # With a few layers timed instead of all, a step reads fewer weights than serving's: the body's
 # steps, and the tail's behind a step of the body (see `profile`), are timed behind a read of
-# the untimed layers' bytes, this many at most (about twice a large L3), so the cache holds
-# what serving leaves there.
+# the untimed layers' bytes, so the cache holds what serving leaves there; at most twice the
+# last-level cache (more evicts nothing more: SmolLM2's 27 untimed layers are 382 MB, a read
+# that took most of a 2-minute timing on a loaded machine), or this where its size is unknown.
 SWEEP_MAX_BYTES = 1 << 30
+SWEEP_CACHES = 2
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int = REPEATS, before: Callable[[], Any] | None = None) -> float:
@@ -114,6 +117,29 @@ def time_stage(model: Any, batch: int, set_threads: Callable[[bool], None],
                 spreads[key] = max(spreads.get(key, 0.0), max(t, out[key]) / min(t, out[key]) - 1)
             out[key] = min(t, out.get(key, t))
     return out
+
+
+def cache_bytes(size: str) -> int:
+    """Bytes of a sysfs cache size ("32768K", "2M", "512"); 0 when it is not one (pure)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = size.strip().upper()
+    try:
+        return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
+    except ValueError:
+        return 0
+
+
+def sweep_limit(cache_dir: Path = CACHE_DIR) -> int:
+    """The most bytes a sweep reads: SWEEP_CACHES x this CPU's last-level cache (sysfs), or
+    SWEEP_MAX_BYTES where that cannot be read."""
+    sizes = []
+    for index in cache_dir.glob("index*"):
+        try:
+            sizes.append((int((index / "level").read_text()), cache_bytes((index / "size").read_text())))
+        except (OSError, ValueError):
+            continue
+    last = max(sizes, default=(0, 0))[1]
+    return min(SWEEP_MAX_BYTES, SWEEP_CACHES * last) if last else SWEEP_MAX_BYTES
 
 
 def _sweep(nbytes: int) -> Callable[[], None] | None:
@@ -252,7 +278,7 @@ def profile(model_dir: Path, batch: int, chunk: int, max_layers: int, every: boo
     sweep = None
     if body_layers:
         body = StageModel(model_dir, 0, body_layers)
-        reads = _sweep(min(untimed_bytes, SWEEP_MAX_BYTES))
+        reads = _sweep(min(untimed_bytes, sweep_limit()))
         per_layer = time_body(body, body_layers, batch, set_threads, reads, spreads)
         sweep = _decode_step(body, reads)
         one_layer = _prefill_ms_per_token(StageModel(model_dir, 0, 1))

@@ -31,7 +31,7 @@ LAYERS = 8  # a body of 7: two timed, five read instead
 ROUNDS = 3
 ATTEMPTS = 3
 KEYS = ("b1_solo", "b1", "bB")  # one request alone, beside others, and a batch
-GROSS = 2.0  # a ratio beyond this (either way) fails on any machine
+GROSS = 3.0  # a ratio beyond this (either way) fails on any machine (2.x seen at load 7 on 2 cores)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def _ratios(model: Path) -> dict[str, float]:
     timed, untimed = layers.body_plan(model, LAYERS, 64, support.shared_kv_cuts(read_config(model)), False)
     assert timed == 2 and untimed > 0
     few, every = StageModel(model, 0, timed), StageModel(model, 0, LAYERS - 1)
-    sweep = layers._sweep(untimed)
+    sweep = layers._sweep(min(untimed, layers.sweep_limit()))
     best: dict[str, dict[str, float]] = {"few": {}, "all": {}}
     for _ in range(ROUNDS):
         for name, got in (("few", layers.time_body(few, timed, 8, lambda solo: None, sweep)),
@@ -70,7 +70,7 @@ def test_a_few_layers_per_layer_figure_agrees_with_all_of_them(model):
         seen.append({k: round(v, 3) for k, v in ratios.items()})
         if all(1 / (1 + SPREAD_LIMIT) <= r <= 1 + SPREAD_LIMIT for r in ratios.values()):
             return
-        # no busy machine makes one layer's share of a step half or twice what it is
+        # no busy machine makes one layer's share of a step a third or three times what it is
         assert all(1 / GROSS <= r <= GROSS for r in ratios.values()), f"few / all layers per layer: {seen}"
         busy = before or _busy() or busy
     if busy:  # the rule doubts timings taken now: two of them may disagree this much
@@ -85,3 +85,13 @@ def test_the_profile_says_how_many_layers_it_timed(model, tmp_path):
     data = json.loads(out.read_text())
     assert data["layers_timed"] == 2
     assert ComputeProfile.model_validate({**data, "model_id": "m"}).layers_timed == 2  # the agent keeps it
+
+
+def test_the_sweep_reads_at_most_twice_the_last_level_cache(tmp_path):
+    for name, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "32768K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert layers.sweep_limit(tmp_path) == 2 * 32 << 20
+    assert layers.sweep_limit(tmp_path / "absent") == layers.SWEEP_MAX_BYTES
+    assert [layers.cache_bytes(s) for s in ("2M", "512", "x")] == [2 << 20, 512, 0]
