@@ -56,6 +56,11 @@ TIMEOUT_S = 600.0
 PROFILE_VERSION = 7
 TRIES = settings.TIMING_TRIES.default  # timings of one model while the busy-machine rule doubts them
 RETRY_PAUSE_S = 10.0  # between them: a burst of other work may have passed
+# ... but only while the prediction waiting on them would still be ready within this: a try starts
+# no later than this after the first began (a timing that itself takes longer is taken once). On a
+# loaded machine a model's timing took minutes, so 3 tries made a plan wait 3x that for figures the
+# card shows doubted all the same (issue 41 item 3: the prediction ready in under 30 s).
+RETRY_WINDOW_S = 30.0
 
 
 class ProfileFailed(Exception):
@@ -103,18 +108,20 @@ class ComputeProfiler:
                  load: Callable[[], tuple[float, int]] | None = None,
                  sleep: Callable[[float], None] = time.sleep, tries: int | None = None,
                  serving: Callable[[], bool] = lambda: False,
-                 backend: Callable[[], dict[str, Any]] | None = None) -> None:
+                 backend: Callable[[], dict[str, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`run`, `load` ((1-minute load, CPUs)) and `sleep` are the I/O edge, injectable; `tries` the
         most timings of one model while they are doubted (PIPESERVE_TIMING_TRIES). `serving`: whether
         this node runs an engine process now — timing never starts beside one, and yields to one
         that starts (issue 38 item 4). `backend`: what computes the timings here (`timing_backend`),
-        part of the reuse key, asked once."""
+        part of the reuse key, asked once; `clock` the retry window's (injectable)."""
         self._tries = tries or settings.TIMING_TRIES.read()
         self._inventory = inventory
         self._serving = serving
         self._timed = run or partial(run_profile_process, stop=serving)
         self._load = load or (lambda: (_load_average(), os.cpu_count() or 0))
         self._sleep = sleep
+        self._clock = clock
         self._dir = Path(state_dir) / "profiles"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._log = log
@@ -242,8 +249,10 @@ class ComputeProfiler:
     def _time_until_trusted(self, model_id: str) -> dict:
         """Time the model; again (up to `tries`, a pause between) while the busy-machine rule
         doubts the result. The last timing, with how busy the machine was when it started (the
-        dashboard says so beside the prediction), its doubt ("" when none) and the tries."""
+        dashboard says so beside the prediction), its doubt ("" when none) and the tries. No try
+        starts later than RETRY_WINDOW_S after the first began."""
         attempt = 0
+        began = self._clock()
         while True:
             attempt += 1
             load, cpus = self._load()
@@ -251,7 +260,8 @@ class ComputeProfiler:
                 found = self._timed(self._inventory.model_dir(model_id), Path(tmp) / "profile.json")
             profile = {**found, "load": load, "cpus": cpus}
             doubt = profile_doubt(profile)
-            if not doubt or attempt >= self._tries:
+            late = self._clock() + RETRY_PAUSE_S - began > RETRY_WINDOW_S
+            if not doubt or attempt >= self._tries or late:
                 return {**profile, "doubt": doubt, "tries": attempt}
             self._log.info("compute.profile_doubted", model=model_id, attempt=attempt, doubt=doubt)
             self._sleep(RETRY_PAUSE_S)

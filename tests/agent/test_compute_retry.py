@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestrator.agent import compute
 from orchestrator.logs import EventLogger
 from tests.support.engine_jobs import ModelsFolder
@@ -79,3 +81,17 @@ def test_a_failed_timing_is_not_retried(tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert (status.state, status.error, len(runs), pauses) == ("failed", "Illegal instruction", 1, [])
+
+
+
+@pytest.mark.parametrize("seconds, tries", [
+    (4.0, 3),   # the third try starts 4 + 10 + 4 + 10 = 28 s after the first: within the window
+    (6.0, 2),   # it would start at 32 s: the second timing stands, doubted
+    (40.0, 1),  # a loaded machine's long timing: a second would make the prediction wait 90 s
+])
+def test_no_try_starts_past_the_retry_window(tmp_path, seconds, tries):
+    p, runs, pauses = _profiler(tmp_path, [INCONSISTENT, INCONSISTENT, QUIET], [3.5, 3.5, 0.2])
+    p._clock = lambda: seconds * len(runs) + sum(pauses)  # the fake timings and pauses take no real time
+    profile = _timed(p)
+    assert len(runs) == profile.tries == tries
+    assert bool(profile.doubt) == (tries < 3)  # the third timing is the quiet one
