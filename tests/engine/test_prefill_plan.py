@@ -55,6 +55,7 @@ def test_a_long_prompt_is_cut_into_about_four_equal_chunks_per_stage(tokens, sta
 def test_chunk_step_is_mlx_unless_pipelined_and_depends_on_the_whole_prompt():
     assert chunk_step(4096, 2, 2048, pipelined=False) == 2048
     assert chunk_step(4096, 2, 2048, pipelined=True) == 512
+    assert chunk_step(4096, 1, 2048, pipelined=True) == 2048  # one stage: nothing overlaps, mlx's cut
     # a prompt-cache hit prefills only the tail, cut with the whole prompt's chunk length: a resumed
     # answer (cold) is cut every 512 from 0, the first run every 512 from the reused prefix
     assert prompt_chunks(4096, 0, 2, 2048, True) == prefill_chunks(4096, 0, 512)

@@ -55,9 +55,10 @@ def pipelined_step(tokens: int, stages: int, step: int) -> int:
 
 
 def chunk_step(prompt_length: int, stages: int, step: int, pipelined: bool) -> int:
-    """The prefill_step_size a prompt of `prompt_length` tokens is cut with: `step` (mlx), or the
-    pipelined chunk length. The promise either way: bit for bit generate_step with this step."""
-    return pipelined_step(prompt_length, stages, step) if pipelined else step
+    """The prefill_step_size a prompt of `prompt_length` tokens is cut with: `step` (mlx, or one stage:
+    nothing to overlap, so smaller chunks would only cost), or the pipelined chunk length. The promise
+    either way: bit for bit generate_step with this step."""
+    return pipelined_step(prompt_length, stages, step) if pipelined and stages > 1 else step
 
 
 def prompt_chunks(prompt_length: int, start: int, stages: int, step: int, pipelined: bool,
