@@ -8,6 +8,7 @@ themselves are `orchestrator.proc.ChildProcess`es.
 
 from __future__ import annotations
 
+import os
 import secrets
 import signal
 import socket
@@ -117,9 +118,11 @@ class LocalPipeline:
         return f"http://127.0.0.1:{self.http_port}"
 
     def child_env(self) -> dict[str, str]:
-        """Environment of the children: the secret travels here, never on the command line."""
-        return {**settings.process_environment(), **self.env, settings.CLUSTER_SECRET.name: self.secret,
-                "PYTHONUNBUFFERED": "1"}
+        """Environment of the children: the secret travels here, never on the command line. They watch
+        this process as an agent's watch their agent (engine/parent_watch.py): a test or benchmark
+        killed before its `stop()` leaves no stage running."""
+        return {**settings.process_environment(), settings.PARENT_PID.name: str(os.getpid()), **self.env,
+                settings.CLUSTER_SECRET.name: self.secret, "PYTHONUNBUFFERED": "1"}
 
     def start(self) -> "LocalPipeline":
         """Start stages in order, then the coordinator; raises LaunchError with output on failure.

@@ -15,7 +15,8 @@ every stage within moments of its start; it would tie correctness to which threa
 call `Popen`. The parent pid changes only when the parent process is gone, and polling it
 works the same on macOS. A check every 0.25 s costs nothing measurable.
 
-A process started by hand (no such variable) is not watched.
+A `LocalPipeline` (tests, benchmarks) names itself the same way, so a killed test leaves no stage
+behind. A process started by hand (no such variable) is not watched.
 """
 
 from __future__ import annotations
