@@ -51,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-peers", action="store_true", help="skip mlx-lm's pipeline")
     p.add_argument("--prefill-batch", action="store_true",
                    help="also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests (a row beside exact)")
-    p.add_argument("--prefill-chunks", action="store_true",
-                   help="also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT (a row beside the mlx cut)")
+    p.add_argument("--prefill-chunks", action=argparse.BooleanOptionalAction, default=True,
+                   help="also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT beside the default cut "
+                   "(on unless --no-prefill-chunks)")
     p.add_argument("--metrics", default=",".join(METRICS),
                    help=f"comma list of the metrics to take (default all: {','.join(METRICS)})")
     p.add_argument("--link", default="", help="pipeserve's stages in network namespaces joined by this emulated "
