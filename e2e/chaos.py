@@ -54,6 +54,12 @@ FAULTS = ("kill-stage", "stop-stage", "kill-coordinator", "stop-coordinator", "k
 
 
 @dataclass
+
+def last_fault_at(session) -> float:
+    """When the session's latest fault was seen (0 when none): it keeps only its last faults, so
+    their count stops growing while new ones still come."""
+    return session.faults[-1].at if session is not None and session.faults else 0.0
+
 class Injected:
     """One fault and how the cluster came out of it."""
 
@@ -137,7 +143,7 @@ class Run:
             timer.start()
         return fault
 
-    def settle(self, fault: Injected, started: float, faults_before: int, timeout: float = 180.0) -> None:
+    def settle(self, fault: Injected, started: float, faults_before: float, timeout: float = 180.0) -> None:
         """Wait until the session is Healthy and serving again, or was stopped (then relaunch)."""
         time.sleep(1.0)  # let the watcher see what happened (a kill -9 is seen in 0.1-0.5 s)
         deadline = time.monotonic() + timeout
@@ -156,7 +162,7 @@ class Run:
                 self.relaunches += 1
                 self.launch()
                 return
-            seen = len(s.faults) > faults_before
+            seen = last_fault_at(s) > faults_before
             if not seen and time.monotonic() - started < QUIET_S:
                 time.sleep(0.1)  # a frozen process is only declared lost after a few seconds
                 continue
@@ -288,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 while time.monotonic() - t0 < args.duration and (not args.sequence or sequence):
                     time.sleep(rng.uniform(*args.gap))
                     kind = sequence.pop(0) if args.sequence else rng.choice(kinds)
-                    faults_before = len(stack.orch.state.session(run.session_id).faults)
+                    # the session keeps only its last faults: a new one is told by its time, not the count
+                    faults_before = last_fault_at(stack.orch.state.session(run.session_id))
                     fault = run.inject(kind, time.monotonic() - t0)
                     run.faults.append(fault)
                     run.settle(fault, time.monotonic() if fault.away else t0 + fault.at, faults_before)
