@@ -53,13 +53,13 @@ FAULTS = ("kill-stage", "stop-stage", "kill-coordinator", "stop-coordinator", "k
           "restart-control")
 
 
-@dataclass
-
 def last_fault_at(session) -> float:
     """When the session's latest fault was seen (0 when none): it keeps only its last faults, so
     their count stops growing while new ones still come."""
     return session.faults[-1].at if session is not None and session.faults else 0.0
 
+
+@dataclass
 class Injected:
     """One fault and how the cluster came out of it."""
 
