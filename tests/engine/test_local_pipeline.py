@@ -77,5 +77,6 @@ def test_a_launcher_killed_before_stop_leaves_no_engine_process(tmp_path, model_
     finally:
         launcher.kill()
         launcher.wait()
+        launcher.stdout.close()
     wait_until(lambda: all(process_identity(pid) is None for pid in pids), 30,
                message=f"the orphaned engine processes {pids} to stop")

@@ -83,8 +83,14 @@ class Killer:
             self._respawn.start()
 
     def _watch(self, until: Callable[[], bool], what: str) -> "Killer":
+        def seen() -> bool:
+            try:
+                return until()
+            except requests.RequestException:  # one poll of hundreds refused on a loaded machine: poll again
+                return False
+
         def watch() -> None:
-            wait_until(until, 120, 0.005, what)
+            wait_until(seen, 120, 0.005, what)
             self(self.at)
 
         threading.Thread(target=watch, daemon=True).start()
