@@ -183,6 +183,12 @@ class Watcher:
         self._pulse = Wakeup(self._woken.set, secret_of=secret_of)
         self._pulsing = False  # only the running loop long-polls; a test's cycle() calls do not
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="watch")
+        # Leases have their own thread and workers, and at most one renewal in flight per node and
+        # session: a frozen agent (its calls wait out their timeout) must neither hold the cycle that
+        # renews the others' leases nor fill the queue in front of them (a healthy node's lease lapsed).
+        self._lease_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="lease")
+        self._lease_lock = threading.Lock()
+        self._renewing: set[tuple[str, str]] = set()  # (node, session) renewals in flight
         self._last_lease = 0.0
         self._last_report = 0.0
         self._tokens: dict[str, tuple[Reading, ...]] = {}  # session id -> recent token counter readings
@@ -212,6 +218,7 @@ class Watcher:
         """Start the loop in a daemon thread."""
         self._pulsing = True
         threading.Thread(target=self._loop, name="watcher", daemon=True).start()
+        threading.Thread(target=self._lease_loop, name="watcher-leases", daemon=True).start()
 
     def stop(self) -> None:
         """End the loop."""
@@ -220,6 +227,7 @@ class Watcher:
         self._pulsing = False
         self._pulse.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lease_pool.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
         """Run the next cycle now rather than at the end of the interval."""
@@ -242,15 +250,33 @@ class Watcher:
                     return  # stopped mid-cycle: the pool no longer takes work
                 logging.getLogger("pipeserve.watcher").exception("watch cycle failed")
 
+    def _lease_loop(self) -> None:
+        while not self._stop.wait(min(self.interval, renew_every(self.lease_s) / 2)):
+            try:
+                self.renew_leases()
+            except RuntimeError:  # the pool was shut down: stopping
+                return
+
+    def renew_leases(self) -> None:
+        """Renew every session's leases on every node when a renewal is due (every lease/3 s at most
+        RENEW_EVERY_S), each in the background; a node whose last renewal is still waiting is skipped."""
+        with self._lease_lock:
+            now = self._clock.monotonic()
+            if now - self._last_lease < renew_every(self.lease_s):
+                return
+            self._last_lease = now
+            due = [(n, s.id) for s in self._snapshot().sessions for n in s.node_ids]
+            due = [key for key in due if key not in self._renewing]
+            self._renewing.update(due)
+        for node_id, session_id in due:
+            self._lease_pool.submit(self._renew, node_id, session_id)
+
     def cycle(self) -> None:
-        """One round: leases (every lease/3 s), sessions, node reports (every report_every s)."""
+        """One round: leases (also renewed by their own thread), sessions, node reports (every
+        report_every s)."""
+        self.renew_leases()
         state = self._snapshot()
         now = self._clock.monotonic()
-        if now - self._last_lease >= renew_every(self.lease_s):
-            self._last_lease = now
-            for s in state.sessions:
-                for node_id in s.node_ids:
-                    self._pool.submit(self._renew, node_id, s.id)
         # Recovering sessions are watched too (their stage cards stay live) but never faulted twice.
         running = [s for s in state.sessions if s.phase in ("running", "recovering") and s.id not in self._held]
         if self._pulsing:
@@ -273,12 +299,15 @@ class Watcher:
                 self._pool.submit(self._report, n.id)
 
     def _renew(self, node_id: str, session_id: str) -> None:
-        agent = self._agents(node_id)
-        if agent is not None:
-            try:
+        try:
+            agent = self._agents(node_id)
+            if agent is not None:
                 agent.renew_lease(session_id, self.lease_s)
-            except AgentError:
-                pass  # observed (and acted on) through the process listing
+        except AgentError:
+            pass  # observed (and acted on) through the process listing
+        finally:
+            with self._lease_lock:
+                self._renewing.discard((node_id, session_id))
 
     def _processes(self, node_id: str) -> list[ProcessInfo] | None:
         agent = self._agents(node_id)
