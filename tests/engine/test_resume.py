@@ -51,7 +51,9 @@ def test_an_answer_resumes_exactly_after_a_stage_is_killed(slow_model, launch, s
 def test_an_answer_killed_in_its_prefill_resumes_exactly(slow_model, launch):
     """Stage 0 pauses after each layer of a long prefill chunk (the `layer-pause` fault), so the kill
     of the last stage, as soon as the request is in flight, lands in its prefill: held with nothing sent."""
-    cluster = launch(slow_model, [(0, 1), (2, 3)], prefill_step_size=16,
+    # No prompt cache: the second run must prefill its prompt again, not start from the first run's entry
+    # (once the stages' acknowledgement beat the second request, it skipped the prefill the kill waits for)
+    cluster = launch(slow_model, [(0, 1), (2, 3)], prefill_step_size=16, prompt_cache_bytes=0,
                      env={"PIPESERVE_FAULTS": "stage-0:layer-pause"})
     request = body(slow_model.name, True, False, prompt=PROMPT)  # chunks of 16, 16, 7: the first two 1 s each
     undisturbed = answer(cluster, request)

@@ -187,7 +187,9 @@ def test_deepseek_v41_resumes_exactly_from_the_middle_of_its_prefill(family_mode
     """Stage 0 pauses after each layer of a long prefill chunk (the `layer-pause` fault): the last stage,
     killed as soon as the request is in flight, dies in the prefill (held with nothing sent)."""
     model = family_model("deepseek_v41")
-    cluster = launch(model, [(0, 2), (3, 5)], prefill_step_size=16, env={"PIPESERVE_FAULTS": "stage-0:layer-pause"})
+    # no prompt cache: the second run prefills again (test_resume.py's prefill case says why)
+    cluster = launch(model, [(0, 2), (3, 5)], prefill_step_size=16, prompt_cache_bytes=0,
+                     env={"PIPESERVE_FAULTS": "stage-0:layer-pause"})
     request = completion(model.name, 24)
     undisturbed = answer(cluster, request)
     kill = Killer(cluster, "stage-1").in_flight()

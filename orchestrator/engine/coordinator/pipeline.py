@@ -366,6 +366,8 @@ class Pipeline:
         if reuse is not None:
             params["cache"] = {"from": reuse.entry, "keep": reuse.keep}
             self.cache.used(reuse)
+        if not internal and not resumed:  # it was looked up: /metrics counts it now, not at the next stage ack
+            self.prompt_cache.observe()
         a.opened = json_frame(Kind.OPEN, params, request_id=a.rid)
         if not internal and not resumed and self.speculative_tokens and gen.params.grammar is None:
             a.lookup, a.length = Lookup(tokens=list(gen.prompt)), DraftLength(self.speculative_tokens)

@@ -52,7 +52,7 @@ class PromptCache:
             return
         if victims:
             self._send([json_frame(Kind.CACHE, {"drop": victims})])
-        self.metrics.observe_cache(self.index.stats())
+        self.observe()
 
     def disk_part(self, tokens: list[int], kind: str, scope: str = "") -> dict:
         """What a save or snapshot adds with the disk tier on: the entry's tokens, kind and scope
@@ -89,6 +89,11 @@ class PromptCache:
         self._adoption = DiskAdoption(len(self._names), self.index.budget)  # lists of a past session
         if dropped:
             self.log.info("cache.dropped", entries=len(dropped), reason=reason)
+        self.observe()
+
+
+    def observe(self) -> None:
+        """Publish the index's figures on /metrics (lookups, hits, entries, bytes)."""
         self.metrics.observe_cache(self.index.stats())
 
 
