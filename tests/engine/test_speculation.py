@@ -34,8 +34,7 @@ TOKENS = 40
 
 def _metric(coord: InTestCoordinator, name: str) -> int:
     """One counter of the coordinator's /metrics."""
-    return int(next(float(line.split()[1]) for line in coord.pipeline.metrics.render().splitlines()
-                    if line.split()[:1] == [name]))
+    return int(coord.metric(name))
 
 
 def _spec_counts(coord: InTestCoordinator) -> tuple[int, int, int]:

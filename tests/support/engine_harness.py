@@ -111,6 +111,11 @@ class InTestCoordinator:
         except WaitTimeout as exc:
             raise AssertionError(f"{exc}: {self.pipeline.health}") from None
 
+    def metric(self, name: str) -> float:
+        """One unlabelled counter or gauge of the coordinator's /metrics text."""
+        return next(float(line.split()[1]) for line in self.pipeline.metrics.render().splitlines()
+                    if line.split()[:1] == [name])
+
     def stage_stats(self, ready: Callable[[list[dict]], bool], timeout: float = 10.0) -> list[dict]:
         """Per-stage figures from the stages' PONGs, once `ready(stats)` holds (they arrive every 0.5 s)."""
         def stats() -> list[dict] | None:

@@ -8,11 +8,6 @@ from tests.support.engine_harness import InTestCoordinator
 PROMPT = [(i * 37 + 11) % 500 for i in range(24)]
 
 
-def _metric(coord: InTestCoordinator, name: str) -> float:
-    return next(float(line.split()[1]) for line in coord.pipeline.metrics.render().splitlines()
-                if line.split()[:1] == [name])
-
-
 def test_a_hit_is_on_metrics_as_soon_as_the_request_starts_from_the_entry(model_factory, launch):
     model = model_factory()
     cluster = launch(model, [(0, 1), (2, 3)], coordinator=False)
@@ -25,7 +20,7 @@ def test_a_hit_is_on_metrics_as_soon_as_the_request_starts_from_the_entry(model_
         coord.pipeline.prompt_cache.on_ack = lambda stage, frame: None
         turn = [*PROMPT, *answer, 3, 4]  # the next turn: starts from the entry the answer left (exact)
         coord.run(turn, 4)
-        assert _metric(coord, "pipeserve_prompt_cache_hits_total") == 1
-        assert _metric(coord, "pipeserve_prompt_cache_lookups_total") == 2
+        assert coord.metric("pipeserve_prompt_cache_hits_total") == 1
+        assert coord.metric("pipeserve_prompt_cache_lookups_total") == 2
     finally:
         coord.stop()
