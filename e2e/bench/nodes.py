@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from e2e.bench.node_models import describe, family
+from e2e.bench.node_prediction import Prediction, predicted
 from e2e.bench.node_systems import MlxPipeline, OneNode, Pipeserve, Server
 from e2e.bench.openai_client import complete, concurrent, decode_aggregate, throughput
 from e2e.bench.pinning import node_cores
@@ -70,6 +71,7 @@ class ModelRun:
     results: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     other_cores: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    prediction: Prediction | None = None  # the plan's figures for pipeserve's split (node_prediction)
 
     def add(self, key: str, metric: str, value: float) -> None:
         """Record one round's value."""
@@ -99,8 +101,10 @@ class NodeBench:
 
     def __init__(self, sizes: Sizes, workdir: Path, peers: bool = True, lan: Any = None,
                  log: Callable[[str], None] = print, batched: bool = False, pipelined: bool = False,
-                 metrics: tuple[str, ...] = METRICS) -> None:
+                 metrics: tuple[str, ...] = METRICS, prediction: bool = True) -> None:
         self.sizes, self.workdir, self.peers, self.lan, self.log = sizes, workdir, peers, lan, log
+        # the plan's prediction beside the measurements (over loopback: not with an emulated link)
+        self.prediction = prediction and lan is None
         self.batched = batched  # also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests
         self.pipelined = pipelined  # also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT
         self.metrics = metrics  # the metrics taken (all by default)
@@ -156,6 +160,12 @@ class NodeBench:
         run = ModelRun(model, str(model_dir), balanced_split(cfg), self.sizes)
         self.log(f"\n## {describe(model)}: split {run.splits}")
         prompts = Prompts(model_dir)
+        if self.prediction:  # before any system runs: the timing has the node's core to itself
+            t0 = time.monotonic()
+            run.prediction = predicted(model_dir, run.splits, self.cores[0], self.sizes.ttft_tokens)
+            self.log(f"  layers timed on core {self.cores[0]} in {time.monotonic() - t0:.0f} s "
+                     f"({run.prediction.timing}{'; doubted: ' + run.prediction.doubt if run.prediction.doubt else ''});"
+                     f" predicted {', '.join(f'{k} {v:.2f}' for k, v in run.prediction.figures.items())}")
         systems = self.start(model, model_dir, run)
         sz = self.sizes
         try:

@@ -56,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
                    "(on unless --no-prefill-chunks)")
     p.add_argument("--metrics", default=",".join(METRICS),
                    help=f"comma list of the metrics to take (default all: {','.join(METRICS)})")
+    p.add_argument("--no-prediction", action="store_true",
+                   help="skip the plan's prediction (the layers timed on one core before each model's rounds)")
     p.add_argument("--link", default="", help="pipeserve's stages in network namespaces joined by this emulated "
                    "link (e2e/lan/profiles.py; root only); the peers stay on loopback")
     p.add_argument("--out", help="also write the Markdown report here")
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             around.enter_context(joined(lan.control))  # this thread, its threads and children talk over the bridge
         bench = NodeBench(sz, Path(args.workdir).resolve(), peers=not args.no_peers, lan=lan,
                            batched=args.prefill_batch, pipelined=args.prefill_chunks,
-                           metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip() in METRICS))
+                           metrics=tuple(m.strip() for m in args.metrics.split(",") if m.strip() in METRICS),
+                           prediction=not args.no_prediction)
         print(f"bench: 2 emulated nodes = cores {bench.cores} of {info['nproc']} ({info['cpu']}); load {load0}")
         runs = [bench.run_model(m, paths[m]) for m in models]
     link = f"; pipeserve over the emulated {args.link} link" if args.link else ""

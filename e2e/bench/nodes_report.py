@@ -104,10 +104,37 @@ def targets_table(runs: list[ModelRun]) -> list[str]:
             lines.append(f"| {run.model} | {t.name} | {spread(values)} | {len(values)} | {verdict(values, t.ok)} |")
         for name, values in info_rows(run):
             lines.append(f"| {run.model} | {name} | {spread(values)} | {len(values)} | – |")
-        lines.append(f"| {run.model} | the plan's predicted figures within ±{T_PLAN:.0%} of these | not measured "
-                     "(the plan predicts from a node's profile, which this bench does not run; docs/lan.md) "
-                     "| – | n/a |")
+        lines.append(f"| {run.model} | the plan's predicted figures within ±{T_PLAN:.0%} of these | "
+                     f"{prediction_figure(run)} |")
     return lines + [""]
+
+
+PREDICTED = (("decode1", "decode ×1"), *((f"long{c}", f"×{c} long answers") for c in CONCURRENCY), ("ttft", "TTFT"))
+
+
+def prediction_errors(run: ModelRun) -> list[tuple[str, float, float]]:
+    """(what, pipeserve's measured median, predicted) of each predicted figure this run measured."""
+    if run.prediction is None:
+        return []
+    measured = run.results.get("pipeserve", {})
+    return [(what, median(measured[m]), run.prediction.figures[m]) for m, what in PREDICTED
+            if measured.get(m) and m in run.prediction.figures]
+
+
+def prediction_figure(run: ModelRun) -> str:
+    """The target row's figure, rounds and verdict: how many predicted figures fall within ±20 % of
+    pipeserve's measured medians, each 'measured / predicted (error)'."""
+    if run.prediction is None:
+        return "not measured (--no-prediction, or an emulated link: the prediction assumes loopback) | – | n/a"
+    errors = prediction_errors(run)
+    if not errors:
+        return "none of the predicted figures measured | – | n/a"
+    within = [abs(p - m) <= T_PLAN * m for _, m, p in errors]
+    each = "; ".join(f"{what} {m:.2f} / {p:.2f} ({100 * (p - m) / m:+.0f} %)" for what, m, p in errors)
+    doubt = f"; timing doubted: {run.prediction.doubt}" if run.prediction.doubt else ""
+    rounds = len(run.results["pipeserve"].get("decode1", []))
+    return (f"{sum(within)} of {len(within)} within (measured median / predicted: {each}{doubt}) | {rounds} | "
+            + ("**met**" if all(within) else "**missed**"))
 
 
 def figures_table(run: ModelRun) -> list[str]:

@@ -28,12 +28,12 @@ import threading
 import time
 from pathlib import Path
 
+from e2e.bench.layer_timing import time_layers
 from e2e.lan.netns import REPO, Lan, LanHost, joined, unavailable
 from e2e.lan.profiles import PROFILES, LinkProfile
 from orchestrator.agent.local_agent import SHARED_HOST_BLAS
 from orchestrator.agent.report import machine_id
-from orchestrator.agent.timing_doubt import profile_doubt
-from orchestrator.planner.perf_inputs import LayerTiming, LinkCost
+from orchestrator.planner.perf_inputs import LinkCost
 from orchestrator.planner.predict import StageSpec, predict
 
 SPLIT = ((0, 14), (15, 29))
@@ -69,19 +69,6 @@ def measure_link(a: LanHost, b: LanHost) -> LinkCost:
         echo.kill()
         echo.wait()
     return LinkCost(rtt_ms=data["rtt_ms"], bandwidth_Bps=data["Bps"])
-
-
-def timing(model: Path) -> tuple[LayerTiming, str]:
-    """The model's layers timed on this machine, and the busy-machine rule's doubt about them."""
-    load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "p.json"
-        subprocess.run([sys.executable, "-m", "orchestrator.engine.profiling.layers",
-                        "--model", str(model), "--out", str(out)],
-                       check=True, env=env(), cwd=REPO)
-        data = json.loads(out.read_text())
-    doubt = profile_doubt({**data, "load": load, "cpus": os.cpu_count() or 0})
-    return LayerTiming(**{k: v for k, v in data.items() if k not in ("threads", "at", "spread")}), doubt
 
 
 def cluster_toml(a: LanHost, b: LanHost, split: tuple[tuple[int, int], ...] = SPLIT) -> str:
@@ -170,7 +157,7 @@ def run_profile(name: str, model: Path, long: bool, root: Path, *, profile: Link
     `extra` goes into every request (a random model's end-of-text bias: the coordinator has no
     ignore_eos, and a random model may end at once)."""
     load = os.getloadavg()[0]
-    t, doubt = timing(model)
+    t, doubt = time_layers(model, env())
     print(f"{name}: load {load:.1f}; layers timed: {t.layer_ms_b1_solo:.2f} ms/layer alone, {t.layer_ms_b1:.2f} "
           f"with 1 thread, {t.layer_ms_bB:.2f} for {t.batch} rows, head {t.head_ms_b1_solo:.1f} ms, prefill "
           f"{t.prefill_ms_per_token:.3f} ms/token/layer + {t.prefill_ms_per_token_per_k:.3f} per 1k cached; "
