@@ -235,12 +235,14 @@ class Pipeserve(Server):
 
         self.cores, self.model_name = cores, model_name
         env = {"OPENBLAS_NUM_THREADS": "1", "PIPESERVE_BLAS": "openblas"}
-        if batched:  # concurrent prompts prefilled together (PIPESERVE_PREFILL_BATCH, prefill_batch.py)
-            env["PIPESERVE_PREFILL_BATCH"] = "batched"
-            self.key, self.label = "batched", "pipeserve, batched prefill, 2 stages × 1 core"
         if pipelined:  # a prompt cut into about 4 equal chunks per stage (PIPESERVE_PREFILL_CHUNKS, prefill_plan.py)
             env["PIPESERVE_PREFILL_CHUNKS"] = "pipelined"
             self.key, self.label = "pipelined", "pipeserve, pipelined prefill, 2 stages × 1 core"
+        if batched:  # concurrent prompts prefilled together (PIPESERVE_PREFILL_BATCH, prefill_batch.py); with
+            # the pipelined cut a batch goes in pieces, so stage 1 starts on it before stage 0 is through
+            env["PIPESERVE_PREFILL_BATCH"] = "batched"
+            cut = " (pipelined cut)" if pipelined else ""
+            self.key, self.label = "batched", f"pipeserve, batched prefill{cut}, 2 stages × 1 core"
         # prompt cache off: every measurement is a cold prefill (prompts are unique as well)
         cluster = {"prompt_cache_bytes": 0, **(cluster or {})}
         if lan is None:

@@ -14,8 +14,10 @@ the last one. Metrics per system and round:
   and short answers (`--short-answer`), first request sent to last token: as agents send them;
 * `long4`, `long8` (pipeserve): the sum of the decode rates of 4 / 8 concurrent long answers.
 
-Optional rows: `batched` (PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests) and `pipelined`
-(PIPESERVE_PREFILL_CHUNKS=pipelined, TTFT only: its decode is the default's); `metrics` restricts a
+Optional rows: `batched` (PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests; with the pipelined
+cut unless --no-prefill-chunks, which lets a batch flow through the stages in pieces) and `pipelined`
+(PIPESERVE_PREFILL_CHUNKS=pipelined: TTFT and the aggregates after real prompts, whose prefills its
+smaller chunks let the stages overlap sooner; its decode is the default's); `metrics` restricts a
 run to some metrics (e.g. TTFT alone, whose 4096-token prefills take minutes per system).
 
 Ratios are taken round by round between systems measured side by side; the report (`nodes_report`)
@@ -106,7 +108,7 @@ class NodeBench:
         # the plan's prediction beside the measurements (over loopback: not with an emulated link)
         self.prediction = prediction and lan is None
         self.batched = batched  # also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests
-        self.pipelined = pipelined  # also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT
+        self.pipelined = pipelined  # also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, TTFT and aggregates
         self.metrics = metrics  # the metrics taken (all by default)
         self.cores = node_cores(2)
 
@@ -121,7 +123,8 @@ class NodeBench:
         ]
         if self.batched:
             makers.append(("batched", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve-batched",
-                                                        run.splits, lan=self.lan, batched=True)))
+                                                        run.splits, lan=self.lan, batched=True,
+                                                        pipelined=self.pipelined)))
         if self.pipelined:
             makers.append(("pipelined", lambda: Pipeserve(model_dir, model, self.cores, work / "pipeserve-pipelined",
                                                           run.splits, lan=self.lan, pipelined=True)))
@@ -182,7 +185,7 @@ class NodeBench:
                 ("decode1", alone,
                  lambda s: complete(s.port, s.model_name, prompts.make(24), sz.long_answer, s.host).decode_rate),
             ]
-            many = [s.key for s in systems if s.key != "pipelined"]  # concurrent requests: not its question
+            many = [s.key for s in systems]
             for c in CONCURRENCY:
                 metrics.append((f"agg{c}", many, lambda s, c=c: throughput(concurrent(
                     s.port, s.model_name, [prompts.make(sz.prompt_tokens) for _ in range(c)], sz.short_answer,

@@ -50,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--long-answer", type=int, help="decode ×1 and long answers (default 64, quick 32)")
     p.add_argument("--no-peers", action="store_true", help="skip mlx-lm's pipeline")
     p.add_argument("--prefill-batch", action="store_true",
-                   help="also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests (a row beside exact)")
+                   help="also pipeserve with PIPESERVE_PREFILL_BATCH=batched, at 4 and 8 requests (a row beside exact; "
+                   "with the pipelined cut unless --no-prefill-chunks)")
     p.add_argument("--prefill-chunks", action=argparse.BooleanOptionalAction, default=True,
                    help="also pipeserve with PIPESERVE_PREFILL_CHUNKS=pipelined, its TTFT beside the default cut "
                    "(on unless --no-prefill-chunks)")
