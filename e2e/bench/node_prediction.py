@@ -7,7 +7,9 @@ emulated node's core with one BLAS thread, which is what each emulated node is; 
 `planner/predict.py` predicts the 2-stage split on two such nodes (each stage its own machine) over
 loopback, the coordinator beside stage 0. The figures compared are the ones the plan shows that the
 bench also measures of pipeserve: decode at 1 request, the decode aggregate at 4 and 8 requests
-(the bench's long answers), and the TTFT of its long prompt with the default cut.
+(the bench's long answers), and the TTFT of its long prompt with the default cut and, as
+`ttft_pipelined`, with the pipelined cut (PIPESERVE_PREFILL_CHUNKS=pipelined: chunks of
+`prefill_plan.pipelined_step` tokens instead of 2048).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 
 from e2e.bench.layer_timing import time_layers
 from orchestrator import settings
+from orchestrator.engine.coordinator.prefill_plan import pipelined_step
 from orchestrator.planner.perf_inputs import LOCAL_LINK
-from orchestrator.planner.predict import StageSpec, predict
+from orchestrator.planner.predict import StageSpec, predict, ttft_s
 
 CONCURRENCY = (4, 8)
+PREFILL_STEP = 2048  # the stages' prefill_step_size (the cluster default, which the bench keeps)
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -54,9 +58,11 @@ def predicted(model_dir: Path, splits: list[tuple[int, int]], core: int, ttft_to
     stages = [StageSpec(label=f"stage {k}", node_name=f"node-{k}", layer_weight=hi - lo + 1,
                         last=k == len(splits) - 1, timing=t, machine=f"node-{k}")
               for k, (lo, hi) in enumerate(splits)]
-    perf = predict(stages, [LOCAL_LINK] * len(stages), hidden_bytes(model_dir), requests=CONCURRENCY,
-                   prompts=(ttft_tokens,))
-    figures = {"decode1": perf.decode_tps_1, "ttft": perf.ttft_s[0].y}
+    links = [LOCAL_LINK] * len(stages)
+    perf = predict(stages, links, hidden_bytes(model_dir), requests=CONCURRENCY, prompts=(ttft_tokens,))
+    cut = pipelined_step(ttft_tokens, len(stages), PREFILL_STEP)
+    figures = {"decode1": perf.decode_tps_1, "ttft": perf.ttft_s[0].y,
+               "ttft_pipelined": ttft_s(stages, links, hidden_bytes(model_dir), ttft_tokens, cut)}
     figures.update({f"long{c}": perf.aggregate(c) for c in CONCURRENCY})
     timing = (f"{t.layer_ms_b1:.2f} ms a layer for 1 row, {t.layer_ms_bB:.2f} for {t.batch}; head "
               f"{t.head_ms_b1:.1f} ms; prefill {t.prefill_ms_per_token:.3f} ms a token a layer")

@@ -112,16 +112,19 @@ def targets_table(runs: list[ModelRun]) -> list[str]:
     return lines + [""]
 
 
-PREDICTED = (("decode1", "decode ×1"), *((f"long{c}", f"×{c} long answers") for c in CONCURRENCY), ("ttft", "TTFT"))
+# (the prediction's figure, the system and metric measured against it, in words)
+PREDICTED = (("decode1", "pipeserve", "decode1", "decode ×1"),
+             *((f"long{c}", "pipeserve", f"long{c}", f"×{c} long answers") for c in CONCURRENCY),
+             ("ttft", "pipeserve", "ttft", "TTFT"), ("ttft_pipelined", "pipelined", "ttft", "TTFT, pipelined prefill"))
 
 
 def prediction_errors(run: ModelRun) -> list[tuple[str, float, float]]:
-    """(what, pipeserve's measured median, predicted) of each predicted figure this run measured."""
+    """(what, the measured median, predicted) of each predicted figure this run measured."""
     if run.prediction is None:
         return []
-    measured = run.results.get("pipeserve", {})
-    return [(what, median(measured[m]), run.prediction.figures[m]) for m, what in PREDICTED
-            if measured.get(m) and m in run.prediction.figures]
+    got = run.prediction.figures
+    return [(what, median(run.results[key][metric]), got[figure]) for figure, key, metric, what in PREDICTED
+            if run.results.get(key, {}).get(metric) and figure in got]
 
 
 def prediction_figure(run: ModelRun) -> str:
