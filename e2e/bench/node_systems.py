@@ -199,6 +199,14 @@ class MlxPipeline(_ProcessGroup):
         if len(ranks) == 2:
             idle_launcher(self.proc.pid)
 
+    def active(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)  # the launcher and both ranks
+        self.pin()
+
+    def idle(self) -> None:
+        # its idle rank busy-polls the ring, and the launcher spins: stopped, they take no core
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
 
 def idle_launcher(pid: int) -> None:
     """Give `mlx.launch`'s own threads (not its ranks) the SCHED_IDLE policy.
@@ -212,13 +220,6 @@ def idle_launcher(pid: int) -> None:
             os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             pass
-
-    def active(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
-        self.pin()
-
-    def idle(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGSTOP)
 
 
 class Pipeserve(Server):

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,38 @@ def test_the_smoke_run_measures_every_system_and_judges_every_target(tmp_path: P
     row = next(line for line in text.splitlines() if "the plan's predicted" in line)
     assert " of 5 within (measured median / predicted: decode ×1 " in row
     assert row.endswith(("**met** |", "**missed** |"))
+
+
+def _states(pids: list[int]) -> set[str]:
+    """The scheduler states (R, S, T, ...) of the processes' threads."""
+    out = set()
+    for pid in pids:
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                out.add(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 emulated nodes need 2 cores")
+def test_mlx_lm_pipeline_takes_no_core_while_another_system_is_measured(tmp_path: Path):
+    """Its idle rank busy-polls the ring and its launcher spins forwarding output: left running, they
+    slowed every other system measured beside them (a bench once halved one node's decode that way)."""
+    from e2e.bench.node_systems import MlxPipeline
+    from e2e.bench.nodes_cli import prepare
+    from e2e.bench.pinning import node_cores
+
+    system = MlxPipeline(prepare("qwen2-tiny"), "qwen2-tiny", node_cores(2), tmp_path)
+    try:
+        pids = system.pids()
+        assert len(system.ranks()) == 2 and system.proc.pid in pids
+        system.idle()
+        deadline = time.monotonic() + 10
+        while _states(pids) != {"T"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _states(pids) == {"T"}, "every thread of the launcher and the ranks is stopped"
+        system.active()
+        assert "T" not in _states(pids)
+    finally:
+        system.stop()
