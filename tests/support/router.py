@@ -4,6 +4,7 @@ helpers around routers."""
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,18 @@ def served_requests(base_url: str) -> int:
     text = requests.get(base_url + "/metrics", timeout=5).text
     return sum(int(n) for n in re.findall(r'^pipeserve_requests_total\{endpoint="/v1/[a-z/]*completions"[^}]*\} (\d+)$',
                                           text, re.M))
+
+
+def served_since(base_urls: list[str], before: list[int], total: int, timeout: float = 10.0) -> list[int]:
+    """Each coordinator's completions since `before`, read once `total` of them are counted (or at
+    `timeout`, for the caller's assertion to show what was): a coordinator counts a request after its
+    answer is sent, so a client holding its answer may read the counter a moment before it moves."""
+    deadline = time.monotonic() + timeout
+    while True:
+        delta = [served_requests(u) - b for u, b in zip(base_urls, before, strict=True)]
+        if sum(delta) >= total or time.monotonic() > deadline:
+            return delta
+        time.sleep(0.05)
 
 
 @dataclass(eq=False)
