@@ -21,13 +21,14 @@ from pathlib import Path
 
 from e2e.bench.layer_timing import time_layers
 from orchestrator import settings
+from orchestrator.engine.config import ClusterSpec
 from orchestrator.engine.coordinator.prefill_plan import pipelined_step
+from orchestrator.models.describe import DTYPE_BYTES
 from orchestrator.planner.perf_inputs import LOCAL_LINK
 from orchestrator.planner.predict import StageSpec, predict, ttft_s
 
 CONCURRENCY = (4, 8)
-PREFILL_STEP = 2048  # the stages' prefill_step_size (the cluster default, which the bench keeps)
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+PREFILL_STEP = ClusterSpec.model_fields["prefill_step_size"].default  # the bench keeps the cluster default
 
 
 @dataclass
@@ -58,11 +59,11 @@ def predicted(model_dir: Path, splits: list[tuple[int, int]], core: int, ttft_to
     stages = [StageSpec(label=f"stage {k}", node_name=f"node-{k}", layer_weight=hi - lo + 1,
                         last=k == len(splits) - 1, timing=t, machine=f"node-{k}")
               for k, (lo, hi) in enumerate(splits)]
-    links = [LOCAL_LINK] * len(stages)
-    perf = predict(stages, links, hidden_bytes(model_dir), requests=CONCURRENCY, prompts=(ttft_tokens,))
+    links, hidden = [LOCAL_LINK] * len(stages), hidden_bytes(model_dir)
+    perf = predict(stages, links, hidden, requests=CONCURRENCY, prompts=(ttft_tokens,))
     cut = pipelined_step(ttft_tokens, len(stages), PREFILL_STEP)
     figures = {"decode1": perf.decode_tps_1, "ttft": perf.ttft_s[0].y,
-               "ttft_pipelined": ttft_s(stages, links, hidden_bytes(model_dir), ttft_tokens, cut)}
+               "ttft_pipelined": ttft_s(stages, links, hidden, ttft_tokens, cut)}
     figures.update({f"long{c}": perf.aggregate(c) for c in CONCURRENCY})
     timing = (f"{t.layer_ms_b1:.2f} ms a layer for 1 row, {t.layer_ms_bB:.2f} for {t.batch}; head "
               f"{t.head_ms_b1:.1f} ms; prefill {t.prefill_ms_per_token:.3f} ms a token a layer")

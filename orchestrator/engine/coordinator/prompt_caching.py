@@ -91,7 +91,6 @@ class PromptCache:
             self.log.info("cache.dropped", entries=len(dropped), reason=reason)
         self.observe()
 
-
     def observe(self) -> None:
         """Publish the index's figures on /metrics (lookups, hits, entries, bytes)."""
         self.metrics.observe_cache(self.index.stats())
