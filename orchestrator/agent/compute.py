@@ -185,8 +185,9 @@ class ComputeProfiler:
     def status(self, model_id: str) -> ProfileStatus:
         """Done (with the profile), running, failed (why) or absent."""
         self._inventory.model_dir(model_id)  # 404 for a model this node does not have
-        # Under the lock: a run writes its profile (atomically) before it stops running, so a
-        # status is never between the two ("absent" for a model just timed).
+        # Under the lock: a run keeps its profile and stops running in one step (_run), so a
+        # status is never between the two ("absent" for a model just timed, or "done" while the
+        # node still answers "busy").
         with self._lock:
             found = self.cached(model_id)
             if found is not None:
@@ -224,27 +225,38 @@ class ComputeProfiler:
         return ProfileStatus(model_id=model_id, state="running")
 
     def _run(self, model_id: str) -> None:
-        error = None
+        error, profile = None, None
         try:
             profile = self._time_until_trusted(model_id)
-            stamp = self._stamp(model_id)
-            if stamp[3]:  # kept for the models that share its key; first, so "done" means both are kept
-                self._shared_path(stamp[3]).parent.mkdir(exist_ok=True)
-                write_atomically(self._shared_path(stamp[3]), json.dumps(
-                    {"key": stamp[3], "parts": self._reuse_parts(model_id), "model_id": model_id,
-                     "profile": profile}))
-            write_atomically(self._dir / f"{model_id}.json", json.dumps({"stamp": stamp, "profile": profile}))
-            self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"),
-                           tries=profile["tries"], doubt=profile["doubt"] or None)
         except ProfileFailed as exc:
             error = str(exc)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             error = f"{type(exc).__name__}: {exc}"
+        # Kept and no longer running in one step under the lock: a caller that sees "done" may
+        # start the next timing at once, never answered "busy" by the run that just ended.
         with self._lock:
+            try:
+                if profile is not None:
+                    self._keep(model_id, profile)
+            except (OSError, ValueError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
             self._running = None
             if error:
                 self._failed[model_id] = error
                 self._log.warning("compute.profile_failed", model=model_id, reason=error)
+
+    def _keep(self, model_id: str, profile: dict) -> None:
+        """Write a fresh timing as the model's own and as its reuse key's (first, so "done"
+        means both are kept)."""
+        stamp = self._stamp(model_id)
+        if stamp[3]:
+            self._shared_path(stamp[3]).parent.mkdir(exist_ok=True)
+            write_atomically(self._shared_path(stamp[3]), json.dumps(
+                {"key": stamp[3], "parts": self._reuse_parts(model_id), "model_id": model_id,
+                 "profile": profile}))
+        write_atomically(self._dir / f"{model_id}.json", json.dumps({"stamp": stamp, "profile": profile}))
+        self._log.info("compute.profiled", model=model_id, layer_ms=profile.get("layer_ms_b1_solo"),
+                       tries=profile["tries"], doubt=profile["doubt"] or None)
 
     def _time_until_trusted(self, model_id: str) -> dict:
         """Time the model; again (up to `tries`, a pause between) while the busy-machine rule

@@ -39,14 +39,15 @@ def models(tmp_path: Path, base: Path) -> Path:
 class Profiler:
     """A ComputeProfiler on `state` with a fake timing that counts its runs."""
 
-    def __init__(self, models: Path, state: Path, backend: dict | None = None) -> None:
+    def __init__(self, models: Path, state: Path, backend: dict | None = None,
+                 log: EventLogger | None = None) -> None:
         self.runs: list[str] = []
 
         def run(model_dir: Path, out: Path) -> dict:
             self.runs.append(model_dir.name)
             return TIMED
 
-        self.p = compute.ComputeProfiler(ModelsFolder(models), state, EventLogger("test"), run=run,
+        self.p = compute.ComputeProfiler(ModelsFolder(models), state, log or EventLogger("test"), run=run,
                                          load=lambda: (0.1, 2), sleep=lambda s: None, tries=1,
                                          backend=lambda: dict(backend or BACKEND))
 
@@ -101,3 +102,20 @@ def test_another_backend_times_every_model_again(models, tmp_path):
     assert other.p.status("base").state == "absent" and other.p.status("fine-tune").state == "absent"
     assert other.time("fine-tune").reused_from == "" and other.runs == ["fine-tune"]
     assert other.time("base").reused_from == "fine-tune"
+
+
+class SlowToLog(EventLogger):
+    """Widens the moment between a run keeping its profile and its end (the log line between)."""
+
+    def info(self, event: str, **fields: object) -> None:
+        if event == "compute.profiled":
+            time.sleep(0.3)
+        super().info(event, **fields)
+
+
+def test_a_timing_seen_done_never_answers_the_next_one_busy(models, tmp_path):
+    """Found in CI under load: a caller polling until "done" started the next model's timing
+    and was told "busy timing base", the ended run not yet marked ended."""
+    node = Profiler(models, tmp_path / "state", log=SlowToLog("test"))
+    node.time("base")
+    assert node.p.start("wider").state in ("running", "done")
