@@ -43,6 +43,21 @@ def family(name: str) -> str:
     return "llama" if name == "smollm2" else "qwen2"
 
 
+def end_tokens(model_dir: Path) -> list[int]:
+    """The ids that end an answer of this model, as mlx-lm's tokenizer gathers them: the tokenizer's
+    `eos_token` and config.json's and generation_config.json's `eos_token_id` (an int or a list)."""
+    from orchestrator.engine.stage.constraint import model_eos_ids
+
+    ids = set(model_eos_ids(model_dir))
+    for name in ("config.json", "generation_config.json"):
+        try:
+            found = json.loads((model_dir / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        ids |= {found} if isinstance(found, int) else {t for t in found or () if isinstance(t, int)}
+    return sorted(ids)
+
+
 def _write_index(path: Path) -> None:
     """model.safetensors.index.json for a one-file model (mlx-lm's pipeline loader reads it)."""
     index = path / "model.safetensors.index.json"

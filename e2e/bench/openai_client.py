@@ -42,10 +42,14 @@ class Answer:
 
 
 def complete(port: int, model: str, prompt: str, max_tokens: int, host: str = "127.0.0.1",
-             timeout: float = 1800.0) -> Answer:
-    """One streamed completion, temperature 0."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                       "stream": True, "stream_options": {"include_usage": True}}).encode()
+             timeout: float = 1800.0, logit_bias: dict[int, float] | None = None) -> Answer:
+    """One streamed completion, temperature 0 (with `logit_bias` when given: every server here
+    takes OpenAI's field)."""
+    fields = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+              "stream": True, "stream_options": {"include_usage": True}}
+    if logit_bias:
+        fields["logit_bias"] = {str(t): b for t, b in logit_bias.items()}
+    body = json.dumps(fields).encode()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     t0 = time.perf_counter()
     try:
@@ -77,9 +81,15 @@ def complete(port: int, model: str, prompt: str, max_tokens: int, host: str = "1
                   int(usage.get("completion_tokens", events)), finish)
 
 
-def concurrent(port: int, model: str, prompts: list[str], max_tokens: int, host: str = "127.0.0.1") -> list[Answer]:
+def concurrent(port: int, model: str, prompts: list[str], max_tokens: int, host: str = "127.0.0.1",
+               logit_bias: dict[int, float] | None = None) -> list[Answer]:
     """len(prompts) completions started together, one thread each."""
-    return together([lambda p=p: complete(port, model, p, max_tokens, host) for p in prompts])
+    return together([lambda p=p: complete(port, model, p, max_tokens, host, logit_bias=logit_bias) for p in prompts])
+
+
+def cut_short(answers: list[Answer], max_tokens: int) -> int:
+    """How many answers ended before the length asked (an end-of-sequence token, a stop)."""
+    return sum(a.tokens < max_tokens for a in answers)
 
 
 def throughput(answers: list[Answer]) -> float:

@@ -99,3 +99,46 @@ def test_mlx_lm_pipeline_takes_no_core_while_another_system_is_measured(tmp_path
         assert "T" not in _states(pids)
     finally:
         system.stop()
+
+
+def test_a_models_end_tokens_are_gathered_as_mlx_lm_gathers_them(tmp_path: Path):
+    from e2e.bench.node_models import end_tokens, prepare
+
+    model = tmp_path / "m"
+    model.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_text((prepare("qwen2-tiny") / name).read_text())
+    (model / "config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert end_tokens(model) == [2, 7, 9]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="2 emulated nodes need 2 cores")
+def test_every_system_honours_the_bias_that_makes_answers_run_their_length(tmp_path: Path):
+    """The bench asks every answer to run to its length with a bias against the end tokens: a server
+    that ignored it would end answers at random and measure fewer requests than the metric names."""
+    from e2e.bench.measure import balanced_split
+    from e2e.bench.node_models import end_tokens
+    from e2e.bench.node_systems import MlxPipeline, OneNode, Pipeserve
+    from e2e.bench.nodes_cli import prepare
+    from e2e.bench.openai_client import complete, cut_short
+    from e2e.bench.pinning import node_cores
+
+    model, cores = prepare("qwen2-tiny"), node_cores(2)
+    (end,) = end_tokens(model)
+    systems = []
+    try:
+        systems.append(OneNode(model, "qwen2-tiny", cores[0], tmp_path))
+        systems.append(Pipeserve(model, "qwen2-tiny", cores, tmp_path / "p", balanced_split(
+            json.loads((model / "config.json").read_text()))))
+        systems.append(MlxPipeline(model, "qwen2-tiny", cores, tmp_path))
+        for s in systems:
+            s.active()
+            ended = complete(s.port, s.model_name, "Hello there", 8, s.host, logit_bias={end: 100.0})
+            assert (ended.finish, cut_short([ended], 8)) == ("stop", 1), s.label
+            full = complete(s.port, s.model_name, "Hello there", 8, s.host, logit_bias={end: -100.0})
+            assert (full.finish, full.tokens) == ("length", 8), s.label
+            s.idle()
+    finally:
+        for s in systems:
+            s.stop()
