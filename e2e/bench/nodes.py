@@ -36,7 +36,7 @@ from typing import Any, Callable
 from e2e.bench.node_models import describe, end_tokens, family
 from e2e.bench.node_prediction import Prediction, predicted
 from e2e.bench.node_systems import MlxPipeline, OneNode, Pipeserve, Server
-from e2e.bench.openai_client import Answer, complete, concurrent, cut_short, decode_aggregate, throughput
+from e2e.bench.openai_client import Answer, complete, concurrent, cut_short, decode_rates, throughput
 from e2e.bench.pinning import node_cores
 from e2e.bench.procs import machine_cpu_seconds, own_cpu_seconds
 
@@ -206,7 +206,7 @@ class NodeBench:
                 metrics.append((f"agg{c}", many,
                                 lambda s, c=c: throughput(ask(s, sz.prompt_tokens, sz.short_answer, c))))
                 metrics.append((f"long{c}", ["pipeserve", "batched"],
-                                lambda s, c=c: decode_aggregate(ask(s, 24, sz.long_answer, c))))
+                                lambda s, c=c: decode_rates(ask(s, 24, sz.long_answer, c))))
             metrics = [m for m in metrics if m[0] in self.metrics]
             for r in range(sz.rounds):
                 order = systems[r % len(systems):] + systems[: r % len(systems)]
