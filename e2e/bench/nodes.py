@@ -185,16 +185,11 @@ class NodeBench:
             bias = {t: -100.0 for t in end_tokens(model_dir)}
             short: dict[str, int] = {}
 
-            def full(s: Server, answers: list[Answer], asked: int) -> list[Answer]:
-                short[s.key] = short.get(s.key, 0) + cut_short(answers, asked)
+            def ask(s: Server, prompt_tokens: int, answer: int, n: int = 1) -> list[Answer]:
+                answers = concurrent(s.port, s.model_name, [prompts.make(prompt_tokens) for _ in range(n)], answer,
+                                     s.host, logit_bias=bias)
+                short[s.key] = short.get(s.key, 0) + cut_short(answers, answer)
                 return answers
-
-            def ask(s: Server, prompt_tokens: int, answer: int, n: int = 0) -> list[Answer]:
-                if not n:
-                    return full(s, [complete(s.port, s.model_name, prompts.make(prompt_tokens), answer, s.host,
-                                             logit_bias=bias)], answer)
-                return full(s, concurrent(s.port, s.model_name, [prompts.make(prompt_tokens) for _ in range(n)],
-                                          answer, s.host, logit_bias=bias), answer)
 
             metrics: list[tuple[str, list[str], Callable[[Server], float]]] = [
                 ("ttft", [s.key for s in systems if s.key != "batched"],
