@@ -44,8 +44,10 @@ def family(name: str) -> str:
 
 
 def end_tokens(model_dir: Path) -> list[int]:
-    """The ids that end an answer of this model, as mlx-lm's tokenizer gathers them: the tokenizer's
-    `eos_token` and config.json's and generation_config.json's `eos_token_id` (an int or a list)."""
+    """Every id that may end an answer of this model, in any server here: the tokenizer's `eos_token`
+    (what pipeserve's coordinator stops on) and config.json's and generation_config.json's
+    `eos_token_id` (an int or a list; mlx-lm takes the second where both are given). A union: a bias
+    against one id too many costs nothing, one too few lets answers end early."""
     from orchestrator.engine.stage.constraint import model_eos_ids
 
     ids = set(model_eos_ids(model_dir))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -104,4 +105,4 @@ def decode_rates(answers: list[Answer]) -> float:
     also hold the prefills of the requests still waiting for theirs (10-15 % of 64-token answers at
     8). Only for answers run to a length asked (`cut_short` 0): one of a token or two has no rate."""
     rates = [a.decode_rate for a in answers]
-    return sum(rates) if all(r == r for r in rates) else float("nan")
+    return float("nan") if any(math.isnan(r) for r in rates) else sum(rates)
